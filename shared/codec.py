@@ -1,0 +1,416 @@
+"""The one JSON codec (orjson) for values, cursors, state blobs and batch envelopes.
+
+Values that JSON cannot carry natively travel as strings with a *type tag* next to them, so
+they round-trip exactly (a tz-aware datetime to the microsecond and its offset, a 200-digit
+integer, a Decimal with its exponent, a UUID, bytes) while staying readable from other
+languages. Tags are sparse: a value JSON carries as-is has none.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import math
+import uuid
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import orjson
+
+from shared.errors import EnvelopeError, SerializationError, StateFormatError
+from shared.models import (
+    BATCH_SCHEMA,
+    STATE_VERSION,
+    Batch,
+    Checkpoint,
+    CursorValue,
+    Lease,
+    Position,
+    RowChange,
+    StateDoc,
+)
+
+__all__ = [
+    "decode_batch",
+    "decode_state",
+    "decode_value",
+    "dumps",
+    "encode_batch",
+    "encode_state",
+    "encode_value",
+    "loads",
+    "tag_of",
+]
+
+# Integers beyond this travel as strings: JavaScript and many JSON parsers lose precision past 2**53.
+_SAFE_INT = 2**53 - 1
+
+
+def tag_of(value: Any) -> str | None:
+    """The type tag a value needs in JSON, or None when JSON carries it natively."""
+    if value is None or isinstance(value, bool | str):
+        return None
+    if isinstance(value, int):
+        return None if -_SAFE_INT <= value <= _SAFE_INT else "int"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "float"
+    if isinstance(value, dt.datetime):
+        return "timestamp" if value.tzinfo is not None else "datetime"
+    if isinstance(value, dt.date):
+        return "date"
+    if isinstance(value, dt.time):
+        return "time"
+    if isinstance(value, Decimal):
+        return "decimal"
+    if isinstance(value, uuid.UUID):
+        return "uuid"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "bytes"
+    if isinstance(value, dt.timedelta):
+        return "interval"
+    if isinstance(value, list | tuple | dict):
+        return None
+    raise SerializationError(f"cannot encode a value of type {type(value).__name__}")
+
+
+def _iso(value: dt.datetime) -> str:
+    text = value.isoformat(timespec="microseconds")
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def encode_value(value: Any) -> tuple[Any, str | None]:
+    """Encode one value to ``(json_value, tag)``."""
+    tag = tag_of(value)
+    if tag is None:
+        if isinstance(value, list | tuple):
+            return [_plain(v) for v in value], None
+        if isinstance(value, dict):
+            return {str(k): _plain(v) for k, v in value.items()}, None
+        return value, None
+    if tag == "int" or tag == "decimal" or tag == "uuid" or tag == "float":
+        return str(value), tag
+    if tag in ("timestamp", "datetime"):
+        return _iso(value), tag
+    if tag in ("date", "time"):
+        return value.isoformat(), tag
+    if tag == "bytes":
+        return base64.b64encode(bytes(value)).decode("ascii"), tag
+    if tag == "interval":
+        return value.total_seconds(), tag
+    raise SerializationError(f"no encoder for tag {tag}")  # pragma: no cover - tag_of is exhaustive
+
+
+def _plain(value: Any) -> Any:
+    """Encode a value nested inside a JSON column (no tags: best-effort readable form)."""
+    encoded, _ = encode_value(value)
+    return encoded
+
+
+_DECODERS: dict[str, Any] = {
+    "int": int,
+    "decimal": Decimal,
+    "uuid": uuid.UUID,
+    "float": float,
+    "timestamp": dt.datetime.fromisoformat,
+    "datetime": dt.datetime.fromisoformat,
+    "date": dt.date.fromisoformat,
+    "time": dt.time.fromisoformat,
+    "bytes": base64.b64decode,
+    "interval": lambda s: dt.timedelta(seconds=s),
+}
+
+
+def decode_value(value: Any, tag: str | None) -> Any:
+    """Inverse of :func:`encode_value`."""
+    if tag is None:
+        return value
+    decoder = _DECODERS.get(tag)
+    if decoder is None:
+        raise SerializationError(f"unknown type tag {tag!r}")
+    try:
+        result = decoder(value)
+    except (ValueError, TypeError, InvalidOperation) as exc:
+        raise SerializationError(f"cannot decode {value!r} as {tag}") from exc
+    if tag == "timestamp" and result.tzinfo is None:
+        raise SerializationError(f"timestamp {value!r} has no UTC offset")
+    return result
+
+
+def _encode_map(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    out: dict[str, Any] = {}
+    tags: dict[str, str] = {}
+    for key, value in values.items():
+        out[key], tag = encode_value(value)
+        if tag is not None:
+            tags[key] = tag
+    return out, tags
+
+
+def _decode_map(values: Mapping[str, Any], tags: Mapping[str, str]) -> dict[str, Any]:
+    return {key: decode_value(value, tags.get(key)) for key, value in values.items()}
+
+
+def _encode_cursor(cursor: CursorValue) -> tuple[Any, Any]:
+    if isinstance(cursor, tuple):
+        parts = [encode_value(v) for v in cursor]
+        return [p[0] for p in parts], [p[1] for p in parts]
+    return encode_value(cursor)
+
+
+def _decode_cursor(value: Any, tag: Any) -> CursorValue:
+    if isinstance(tag, list):
+        if not isinstance(value, list) or len(value) != len(tag):
+            raise SerializationError("composite cursor value and its type tags differ in length")
+        return tuple(decode_value(v, t) for v, t in zip(value, tag, strict=True))
+    decoded: CursorValue = decode_value(value, tag)
+    return decoded
+
+
+def cursor_kind(cursor: CursorValue) -> str:
+    """The seed-002 ``kind`` string, e.g. ``timestamp+pk`` or ``composite+pk``."""
+    if isinstance(cursor, tuple):
+        return "composite+pk"
+    tag = tag_of(cursor)
+    if tag is None:
+        tag = {bool: "bool", int: "int", str: "string", float: "float"}.get(type(cursor), "value")
+    return f"{tag}+pk"
+
+
+# --------------------------------------------------------------------------------------------
+# Generic JSON
+
+
+def dumps(obj: Any) -> bytes:
+    """orjson with the options every dbfanout document uses."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError as exc:
+        raise SerializationError(f"cannot encode document: {exc}") from exc
+
+
+def loads(data: bytes | str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise SerializationError(f"not valid JSON: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# State blob (seed 002 §4; "types" is our extension so cursor values round-trip exactly)
+
+
+def _ts(value: dt.datetime | None) -> str | None:
+    return None if value is None else _iso(value)
+
+
+def _parse_ts(value: Any, field_name: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except (TypeError, ValueError) as exc:
+        raise StateFormatError(f"state field {field_name} is not an ISO timestamp: {value!r}") from exc
+    if parsed.tzinfo is None:
+        raise StateFormatError(f"state field {field_name} has no UTC offset: {value!r}")
+    return parsed
+
+
+def encode_position(position: Position | None) -> dict[str, Any] | None:
+    if position is None:
+        return None
+    value, value_tag = _encode_cursor(position.cursor)
+    tiebreaker, pk_tags = _encode_map(position.pk)
+    return {
+        "kind": cursor_kind(position.cursor),
+        "value": value,
+        "tiebreaker": tiebreaker,
+        "types": {"value": value_tag, "tiebreaker": pk_tags},
+    }
+
+
+def decode_position(raw: Any) -> Position | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or "value" not in raw or not isinstance(raw.get("tiebreaker"), dict):
+        raise StateFormatError("checkpoint.cursor must hold kind, value and tiebreaker")
+    types = raw.get("types") or {}
+    try:
+        return Position(
+            cursor=_decode_cursor(raw["value"], types.get("value")),
+            pk=_decode_map(raw["tiebreaker"], types.get("tiebreaker") or {}),
+        )
+    except SerializationError as exc:
+        raise StateFormatError(f"checkpoint.cursor cannot be decoded: {exc}") from exc
+
+
+def encode_state(doc: StateDoc) -> bytes:
+    cp, lease = doc.checkpoint, doc.lease
+    return dumps(
+        {
+            "version": doc.version,
+            "poller_name": doc.poller_name,
+            "source_fingerprint": doc.source_fingerprint,
+            "checkpoint": {
+                "cursor": encode_position(cp.position),
+                "last_successful_batch_id": cp.last_successful_batch_id,
+                "updated_at": _ts(cp.updated_at),
+                "metadata": dict(cp.metadata),
+            },
+            "lease": {
+                "owner_id": lease.owner_id,
+                "fencing_token": lease.fencing_token,
+                "acquired_at": _ts(lease.acquired_at),
+                "heartbeat_at": _ts(lease.heartbeat_at),
+                "expires_at": _ts(lease.expires_at),
+            },
+        }
+    )
+
+
+def decode_state(data: bytes | str) -> StateDoc:
+    """Decode a state blob; anything unexpected is a :class:`StateFormatError`, never a guess."""
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise StateFormatError(f"state blob is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise StateFormatError("state blob must be a JSON object")
+    if raw.get("version") != STATE_VERSION:
+        raise StateFormatError(
+            f"state blob version {raw.get('version')!r} is not supported (this dbfanout reads {STATE_VERSION})",
+            hint="upgrade dbfanout, or restore the backup written by the newer version's reset",
+        )
+    try:
+        cp_raw = raw["checkpoint"] or {}
+        lease_raw = raw["lease"] or {}
+        checkpoint = Checkpoint(
+            position=decode_position(cp_raw.get("cursor")),
+            last_successful_batch_id=cp_raw.get("last_successful_batch_id"),
+            updated_at=_parse_ts(cp_raw.get("updated_at"), "checkpoint.updated_at"),
+            metadata=dict(cp_raw.get("metadata") or {}),
+        )
+        token = lease_raw.get("fencing_token", 0)
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise StateFormatError(f"lease.fencing_token must be a non-negative integer, got {token!r}")
+        lease = Lease(
+            owner_id=lease_raw.get("owner_id") or None,
+            fencing_token=token,
+            acquired_at=_parse_ts(lease_raw.get("acquired_at"), "lease.acquired_at"),
+            heartbeat_at=_parse_ts(lease_raw.get("heartbeat_at"), "lease.heartbeat_at"),
+            expires_at=_parse_ts(lease_raw.get("expires_at"), "lease.expires_at"),
+        )
+        poller_name = raw["poller_name"]
+        fingerprint = raw["source_fingerprint"]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise StateFormatError(f"state blob is missing or mistypes a field: {exc!r}") from exc
+    if not isinstance(poller_name, str) or not isinstance(fingerprint, str):
+        raise StateFormatError("poller_name and source_fingerprint must be strings")
+    return StateDoc(
+        poller_name=poller_name,
+        source_fingerprint=fingerprint,
+        checkpoint=checkpoint,
+        lease=lease,
+        version=STATE_VERSION,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Batch envelope (DESIGN §3.2; per-event "types" is our extension for exact round-trips)
+
+
+def _has_tags(tag: Any) -> bool:
+    return any(t is not None for t in tag) if isinstance(tag, list) else tag is not None
+
+
+def encode_event(event: RowChange) -> dict[str, Any]:
+    cursor, cursor_tag = _encode_cursor(event.cursor)
+    pk, pk_tags = _encode_map(event.pk)
+    out: dict[str, Any] = {
+        "event_id": event.event_id,
+        "op": event.op,
+        "pk": pk,
+        "cursor": cursor,
+        "after": None,
+        "before": None,
+    }
+    types: dict[str, Any] = {}
+    if _has_tags(cursor_tag):
+        types["cursor"] = cursor_tag
+    if pk_tags:
+        types["pk"] = pk_tags
+    if event.after is not None:
+        out["after"], after_tags = _encode_map(event.after)
+        if after_tags:
+            types["after"] = after_tags
+    if types:
+        out["types"] = types
+    return out
+
+
+def encode_batch(batch: Batch, events: tuple[RowChange, ...] | None = None) -> bytes:
+    """Encode a batch (or a slice of its events) as the message body."""
+    return dumps(
+        {
+            "schema": batch.schema,
+            "poller": batch.poller,
+            "batch_id": batch.batch_id,
+            "source_fingerprint": batch.source_fingerprint,
+            "events": [encode_event(e) for e in (batch.events if events is None else events)],
+        }
+    )
+
+
+def _decode_event(raw: Any, poller: str) -> RowChange:
+    if not isinstance(raw, dict):
+        raise EnvelopeError("each event must be a JSON object")
+    missing = [k for k in ("event_id", "op", "pk", "cursor") if k not in raw]
+    if missing:
+        raise EnvelopeError(f"event is missing {', '.join(missing)}")
+    if raw["op"] not in ("upsert", "delete"):
+        raise EnvelopeError(f"event op must be upsert or delete, got {raw['op']!r}")
+    if not isinstance(raw["event_id"], str) or not isinstance(raw["pk"], dict):
+        raise EnvelopeError("event_id must be a string and pk an object")
+    types = raw.get("types") or {}
+    after = raw.get("after")
+    if after is not None and not isinstance(after, dict):
+        raise EnvelopeError("event after must be an object or null")
+    try:
+        return RowChange(
+            event_id=raw["event_id"],
+            op=raw["op"],
+            pk=_decode_map(raw["pk"], types.get("pk") or {}),
+            cursor=_decode_cursor(raw["cursor"], types.get("cursor")),
+            after=None if after is None else _decode_map(after, types.get("after") or {}),
+            poller=poller,
+        )
+    except SerializationError as exc:
+        raise EnvelopeError(f"event {raw['event_id']}: {exc}") from exc
+
+
+def decode_batch(data: bytes | str) -> Batch:
+    """Decode and validate a message body; anything foreign is an :class:`EnvelopeError`."""
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise EnvelopeError(f"message body is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise EnvelopeError("message body must be a JSON object")
+    if raw.get("schema") != BATCH_SCHEMA:
+        raise EnvelopeError(f"unknown message schema {raw.get('schema')!r} (expected {BATCH_SCHEMA!r})")
+    poller, batch_id, fingerprint, events = (
+        raw.get("poller"),
+        raw.get("batch_id"),
+        raw.get("source_fingerprint"),
+        raw.get("events"),
+    )
+    if not isinstance(poller, str) or not isinstance(batch_id, str) or not isinstance(fingerprint, str):
+        raise EnvelopeError("poller, batch_id and source_fingerprint must be strings")
+    if not isinstance(events, list) or not events:
+        raise EnvelopeError("events must be a non-empty list")
+    return Batch(
+        poller=poller,
+        batch_id=batch_id,
+        source_fingerprint=fingerprint,
+        events=tuple(_decode_event(e, poller) for e in events),
+    )

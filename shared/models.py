@@ -1,0 +1,136 @@
+"""Frozen value types shared by the poller and the worker.
+
+Everything here is immutable; derive new values with :func:`dataclasses.replace`. Encoding to
+JSON lives in :mod:`shared.codec` only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any, Literal
+
+__all__ = [
+    "BATCH_SCHEMA",
+    "STATE_VERSION",
+    "Batch",
+    "Checkpoint",
+    "CursorScalar",
+    "CursorValue",
+    "HandlerContext",
+    "Lease",
+    "Op",
+    "Position",
+    "RowChange",
+    "StateDoc",
+]
+
+STATE_VERSION = 1
+BATCH_SCHEMA = "dbfanout.batch/1"
+
+Op = Literal["upsert", "delete"]
+
+#: Scalar types a cursor or primary key value may have; each round-trips exactly.
+CursorScalar = int | str | Decimal | uuid.UUID | dt.datetime | dt.date | float | bytes
+#: A cursor is one scalar, or a tuple of scalars for a composite cursor.
+CursorValue = CursorScalar | tuple[CursorScalar, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A point in the keyset order: ``(cursor, pk...)``. Rows strictly after it are pending."""
+
+    cursor: CursorValue
+    pk: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """How far the poller has handed rows to the sink (acknowledged by a committed write)."""
+
+    position: Position | None = None
+    last_successful_batch_id: str | None = None
+    updated_at: dt.datetime | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who may write the poller's checkpoint, and until when. ``owner_id`` None means free."""
+
+    owner_id: str | None
+    fencing_token: int
+    acquired_at: dt.datetime | None = None
+    heartbeat_at: dt.datetime | None = None
+    expires_at: dt.datetime | None = None
+
+    def is_free(self, now: dt.datetime, skew_margin: dt.timedelta) -> bool:
+        """True when nobody holds the lease, or its holder let it lapse (past the skew margin)."""
+        if self.owner_id is None or self.expires_at is None:
+            return True
+        return now >= self.expires_at + skew_margin
+
+
+@dataclass(frozen=True, slots=True)
+class StateDoc:
+    """The one state blob per poller: checkpoint and lease, changed together by CAS writes."""
+
+    poller_name: str
+    source_fingerprint: str
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    lease: Lease = field(default_factory=lambda: Lease(owner_id=None, fencing_token=0))
+    version: int = STATE_VERSION
+
+    def with_checkpoint(self, checkpoint: Checkpoint) -> StateDoc:
+        return replace(self, checkpoint=checkpoint)
+
+    def with_lease(self, lease: Lease) -> StateDoc:
+        return replace(self, lease=lease)
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    """One changed row, as a handler receives it.
+
+    ``event_id`` is stable across every redelivery and replay of the same row state (a hash of
+    poller, source fingerprint, pk and cursor), so handlers can de-duplicate on it.
+    ``before`` is always None for cursor polling (the previous state is not known).
+    """
+
+    event_id: str
+    op: Op
+    pk: Mapping[str, Any]
+    cursor: CursorValue
+    after: Mapping[str, Any] | None
+    poller: str
+    before: Mapping[str, Any] | None = None
+    source: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What the poller hands to a sink: one page of events of one poller."""
+
+    poller: str
+    batch_id: str
+    source_fingerprint: str
+    events: tuple[RowChange, ...]
+    schema: str = BATCH_SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What a handler knows about the message it is handling.
+
+    ``delivery_count`` follows the Azure Functions host: 1 on the first delivery.
+    """
+
+    poller: str
+    message_id: str
+    delivery_count: int
+    enqueued_time: dt.datetime | None
+    batch_id: str | None = None
+    application_properties: Mapping[str, Any] = field(default_factory=dict)

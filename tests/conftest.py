@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.support.azurite import Azurite, start_azurite
+from tests.support.databases import MYSQL_URL, PG_URL, unreachable_reason
+
+FULL = os.environ.get("DBFANOUT_FULL_TESTS") == "1"
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """One in-memory Azurite for the session; tests use their own containers."""
+    server = start_azurite()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    reason = unreachable_reason(PG_URL)
+    if reason:
+        pytest.skip(reason)
+    return PG_URL
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> str:
+    reason = unreachable_reason(MYSQL_URL)
+    if reason:
+        pytest.skip(reason)
+    return MYSQL_URL
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'source.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test runs once per dialect; absent servers skip with the reason."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'source.db'}"
+    url = PG_URL if request.param == "postgresql" else MYSQL_URL
+    reason = unreachable_reason(url)
+    if reason:
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture
+def engine_for() -> Iterator[object]:
+    engines: list[sa.Engine] = []
+
+    def make(url: str) -> sa.Engine:
+        engine = sa.create_engine(url)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for e in engines:
+        e.dispose()

@@ -1,0 +1,1 @@
+"""Helpers for tests: real servers (Azurite, databases) started or found, never mocked."""
