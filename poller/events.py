@@ -1,0 +1,38 @@
+"""Turning fetched rows into events and batches (pure; no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from poller.ports import SourceRow
+from shared.config import PollerConfig
+from shared.ids import batch_id_for, event_id_for
+from shared.models import Batch, RowChange
+
+__all__ = ["to_batch", "to_event"]
+
+
+def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow) -> RowChange:
+    """One row → one event. The id is a pure function of (poller, fingerprint, pk, cursor)."""
+    cursor = row.values.get(poller.cursor, row.position.cursor)
+    pk = dict(row.position.pk)
+    return RowChange(
+        event_id=event_id_for(poller.name, fingerprint, pk, cursor),
+        op="delete" if row.deleted else "upsert",
+        pk=pk,
+        cursor=cursor,
+        after=dict(row.values),
+        poller=poller.name,
+        before=None,
+    )
+
+
+def to_batch(poller: PollerConfig, fingerprint: str, rows: Sequence[SourceRow]) -> Batch:
+    """A page → a batch; re-fetching the same page yields the same batch id and event ids."""
+    events = tuple(to_event(poller, fingerprint, row) for row in rows)
+    return Batch(
+        poller=poller.name,
+        batch_id=batch_id_for(poller.name, fingerprint, [e.event_id for e in events]),
+        source_fingerprint=fingerprint,
+        events=events,
+    )

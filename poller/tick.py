@@ -1,0 +1,167 @@
+"""One timer tick: the poller's lifecycle, in the order seed 001 §2 gives it.
+
+acquire lease (CAS) → load checkpoint (same read) → verify fingerprint → up to
+``max_batches_per_tick`` pages within the time budget: fetch → normalize → **send** → **commit**
+(the commit only after every message was accepted; it also extends the lease) → release.
+
+Failure branches name their window (W1-W7, see the operations guide). Ordinary outcomes (lease
+held elsewhere, lease lost mid-tick, caught up) are results; failures that need attention raise
+after the lease was released.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from poller.events import to_batch
+from poller.lease import LeaseKeeper
+from poller.ports import Page, Sink, Source, StateStore
+from shared.config import PollerConfig
+from shared.errors import CommitAmbiguousError, FingerprintMismatchError, LostLeaseError
+from shared.logs import get_logger, ids
+from shared.models import Batch, Checkpoint, StateDoc
+
+__all__ = ["TickResult", "default_owner_id", "run_tick"]
+
+log = get_logger("poller.tick")
+
+StopReason = Literal["caught_up", "max_batches", "time_budget", "lease_held", "lease_lost"]
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What a tick did. ``rows``/``batches`` count only what was sent *and* committed."""
+
+    poller: str
+    stop_reason: StopReason
+    rows: int = 0
+    batches: int = 0
+    fencing_token: int | None = None
+    skipped_null_cursors: int = 0
+
+    @property
+    def ran(self) -> bool:
+        return self.stop_reason not in ("lease_held",)
+
+
+def default_owner_id() -> str:
+    """Who we are in the lease: the Functions instance (or host) plus a per-process nonce."""
+    instance = os.environ.get("WEBSITE_INSTANCE_ID", socket.gethostname())[:40]
+    return f"{instance}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def run_tick(
+    poller: PollerConfig,
+    source: Source,
+    store: StateStore,
+    sink: Sink,
+    *,
+    owner_id: str | None = None,
+    clock: Callable[[], dt.datetime] = _utcnow,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> TickResult:
+    """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing)."""
+    ttl = dt.timedelta(seconds=poller.lease_ttl_seconds)
+    fingerprint = source.fingerprint
+    snap = store.try_acquire(owner_id or default_owner_id(), ttl, fingerprint)
+    if snap is None:
+        log.debug("lease held elsewhere; skipping tick", extra=ids(poller=poller.name))
+        return TickResult(poller.name, "lease_held")
+    keeper = LeaseKeeper(store, snap, ttl, clock=clock)
+    try:
+        _verify_fingerprint(snap.doc, fingerprint)
+        return _drain(poller, source, sink, keeper, fingerprint, clock, monotonic)
+    except LostLeaseError:
+        log.warning(
+            "lease lost mid-tick; the new owner re-sends the batch",
+            extra=ids(poller=poller.name, window="W4", fencing_token=keeper.fencing_token),
+        )
+        return TickResult(poller.name, "lease_lost", fencing_token=keeper.fencing_token)
+    finally:
+        keeper.release()  # best effort: never raises; makes the lease immediately re-acquirable
+
+
+def _verify_fingerprint(doc: StateDoc, fingerprint: str) -> None:
+    if doc.source_fingerprint != fingerprint:
+        raise FingerprintMismatchError(
+            f"poller {doc.poller_name}: the checkpoint was written for source {doc.source_fingerprint} "
+            f"but the configured source is {fingerprint}; refusing to run"
+        )
+
+
+def _drain(
+    poller: PollerConfig,
+    source: Source,
+    sink: Sink,
+    keeper: LeaseKeeper,
+    fingerprint: str,
+    clock: Callable[[], dt.datetime],
+    monotonic: Callable[[], float],
+) -> TickResult:
+    deadline = monotonic() + poller.time_budget_seconds
+    rows = batches = nulls = 0
+    reason: StopReason = "max_batches"
+    for _ in range(poller.max_batches_per_tick):
+        page = source.fetch(keeper.checkpoint.position, poller.batch_size)
+        nulls = max(nulls, page.skipped_null_cursors)
+        if not page.rows:
+            reason = "caught_up"
+            break
+        batch = to_batch(poller, fingerprint, page.rows)
+        _send(sink, keeper, batch)
+        _commit(keeper, batch, page, clock)
+        rows, batches = rows + len(page.rows), batches + 1
+        if len(page.rows) < poller.batch_size:
+            reason = "caught_up"
+            break
+        if monotonic() >= deadline:
+            reason = "time_budget"
+            break
+    return TickResult(poller.name, reason, rows, batches, keeper.fencing_token, nulls)
+
+
+def _send(sink: Sink, keeper: LeaseKeeper, batch: Batch) -> None:
+    # A slow send must not let the lease lapse: heartbeat in the background meanwhile (R11).
+    with keeper.renewing_in_background():
+        sink.send(batch)
+    log.info(
+        "batch enqueued",
+        extra=ids(poller=batch.poller, batch_id=batch.batch_id, events=len(batch.events)),
+    )
+
+
+def _commit(keeper: LeaseKeeper, batch: Batch, page: Page, clock: Callable[[], dt.datetime]) -> None:
+    """Advance the checkpoint past ``page`` — only ever after the sink accepted the batch."""
+    checkpoint = Checkpoint(
+        position=page.last,
+        last_successful_batch_id=batch.batch_id,
+        updated_at=clock(),
+        metadata={"row_count": len(page.rows)},
+    )
+    try:
+        keeper.commit(checkpoint)
+    except CommitAmbiguousError:
+        # W5: the write may have landed. Reload: if it did, go on; if not, the batch is re-sent.
+        if keeper.resolve_ambiguous(checkpoint):
+            log.info("ambiguous commit had landed", extra=ids(poller=batch.poller, batch_id=batch.batch_id))
+            return
+        log.warning(
+            "ambiguous commit did not land; the batch will be re-sent",
+            extra=ids(poller=batch.poller, batch_id=batch.batch_id, window="W5"),
+        )
+        raise
+    log.info(
+        "checkpoint committed",
+        extra=ids(poller=batch.poller, batch_id=batch.batch_id, fencing_token=keeper.fencing_token),
+    )

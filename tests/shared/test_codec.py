@@ -1,0 +1,128 @@
+"""Codec round-trips: every supported cursor/pk/value type comes back exactly (hypothesis)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import codec
+from shared.errors import EnvelopeError, SerializationError, StateFormatError
+from shared.models import Batch, Checkpoint, Lease, Position, RowChange, StateDoc
+
+offsets = st.integers(min_value=-14 * 60, max_value=14 * 60).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
+aware = st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30), timezones=offsets)
+scalars = st.one_of(
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.text(max_size=20),
+    st.decimals(allow_nan=False, allow_infinity=False),
+    st.uuids(),
+    aware,
+    st.dates(),
+    st.binary(max_size=16),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+cursors = st.one_of(scalars, st.tuples(scalars, scalars), st.tuples(scalars, scalars, scalars))
+pks = st.dictionaries(st.text(min_size=1, max_size=8), scalars, min_size=1, max_size=3)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, with the same type (and the same UTC offset for datetimes, same exponent for Decimals)."""
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is not type(b) and not (isinstance(a, uuid.UUID) and isinstance(b, uuid.UUID)):
+        return False
+    if isinstance(a, dt.datetime):
+        assert isinstance(b, dt.datetime)
+        return a == b and a.utcoffset() == b.utcoffset()
+    if isinstance(a, Decimal):
+        return str(a) == str(b)
+    return a == b
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=scalars)
+def test_every_scalar_round_trips_exactly(value: object) -> None:
+    encoded, tag = codec.encode_value(value)
+    again = codec.decode_value(codec.loads(codec.dumps(encoded)), tag)
+    assert _same(value, again)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cursor=cursors, pk=pks, fence=st.integers(min_value=0, max_value=2**62))
+def test_state_doc_round_trips_every_cursor_kind(cursor: object, pk: dict[str, object], fence: int) -> None:
+    now = dt.datetime(2026, 4, 7, 1, 23, 45, 123456, tzinfo=dt.UTC)
+    doc = StateDoc(
+        poller_name="orders",
+        source_fingerprint="sha256:abc",
+        checkpoint=Checkpoint(Position(cursor, pk), "batch-1", now, {"row_count": 3}),  # type: ignore[arg-type]
+        lease=Lease("host/1", fence, now, now, now + dt.timedelta(seconds=120)),
+    )
+    again = codec.decode_state(codec.encode_state(doc))
+    assert again.lease == doc.lease and again.checkpoint.updated_at == now
+    assert again.checkpoint.position is not None
+    assert _same(doc.checkpoint.position.cursor, again.checkpoint.position.cursor)  # type: ignore[union-attr]
+    assert all(_same(v, again.checkpoint.position.pk[k]) for k, v in pk.items())
+
+
+def test_state_blob_uses_the_seed_002_field_names() -> None:
+    # Given a checkpointed doc with a timestamp cursor; When encoded; Then the seed's keys are there
+    ts = dt.datetime(2026, 4, 7, 1, 23, 45, 123456, tzinfo=dt.UTC)
+    doc = StateDoc("orders", "sha256:x", Checkpoint(Position(ts, {"id": 12093}), "b1", ts), Lease("o", 42, ts, ts, ts))
+    raw = codec.loads(codec.encode_state(doc))
+    assert set(raw) == {"version", "poller_name", "source_fingerprint", "checkpoint", "lease"}
+    assert set(raw["checkpoint"]) == {"cursor", "last_successful_batch_id", "updated_at", "metadata"}
+    assert raw["checkpoint"]["cursor"]["kind"] == "timestamp+pk"
+    assert raw["checkpoint"]["cursor"]["value"] == "2026-04-07T01:23:45.123456Z"
+    assert raw["checkpoint"]["cursor"]["tiebreaker"] == {"id": 12093}
+    assert set(raw["lease"]) == {"owner_id", "fencing_token", "acquired_at", "heartbeat_at", "expires_at"}
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [b"", b"{", b"[]", b'{"version": 2}', b'{"version": 1}', b'{"version": 1, "poller_name": "p"}'],
+)
+def test_corrupt_or_unknown_state_is_a_state_format_error(blob: bytes) -> None:
+    with pytest.raises(StateFormatError):
+        codec.decode_state(blob)
+
+
+def test_naive_timestamp_tag_is_rejected() -> None:
+    with pytest.raises(SerializationError):
+        codec.decode_value("2026-01-01T00:00:00", "timestamp")
+
+
+@settings(max_examples=150, deadline=None)
+@given(cursor=cursors, pk=pks, after=st.dictionaries(st.text(max_size=8), st.one_of(scalars, st.none()), max_size=5))
+def test_batch_envelope_round_trips(cursor: object, pk: dict[str, object], after: dict[str, object]) -> None:
+    event = RowChange("ev-1", "upsert", pk, cursor, after, "orders")  # type: ignore[arg-type]
+    batch = Batch("orders", "batch-1", "sha256:x", (event,))
+    again = codec.decode_batch(codec.encode_batch(batch)).events[0]
+    assert _same(event.cursor, again.cursor)
+    assert all(_same(v, again.pk[k]) for k, v in pk.items())
+    assert again.after is not None and all(_same(v, again.after[k]) for k, v in after.items())
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"not json", "not JSON"),
+        (b'{"schema": "other/1"}', "unknown message schema"),
+        (
+            b'{"schema": "dbfanout.batch/1", "poller": "p", "batch_id": "b", "source_fingerprint": "f", "events": []}',
+            "non-empty",
+        ),
+        (
+            b'{"schema": "dbfanout.batch/1", "poller": "p", "batch_id": "b", "source_fingerprint": "f", '
+            b'"events": [{"event_id": "e", "op": "merge", "pk": {}, "cursor": 1}]}',
+            "upsert or delete",
+        ),
+    ],
+)
+def test_foreign_or_malformed_bodies_are_envelope_errors(body: bytes, why: str) -> None:
+    with pytest.raises(EnvelopeError, match=why):
+        codec.decode_batch(body)

@@ -1,0 +1,84 @@
+"""dbfanout.toml: the DESIGN §3.3 keys load; every mistake names its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.config import load_config, parse_config
+from shared.errors import ConfigError
+
+SAMPLE = """
+[app]
+name = "shop"
+state_container = "db-state"
+state_connection = "DBFANOUT_STATE"
+servicebus_connection = "DBFANOUT_SERVICEBUS"
+
+[pollers.orders]
+source_url = "${ORDERS_DB_URL}"
+table = "orders"
+cursor = "updated_at"
+pk = ["id"]
+queue = "orders-changes"
+schedule = "*/5 * * * * *"
+batch_size = 500
+max_batches_per_tick = 20
+lease_ttl_seconds = 120
+settle_seconds = 2
+soft_delete_column = "deleted_at"
+handler = "handlers.orders:handle"
+"""
+
+
+def test_design_sample_loads_with_secret_from_settings(tmp_path: Path) -> None:
+    (tmp_path / "dbfanout.toml").write_text(SAMPLE)
+    cfg = load_config(app_root=tmp_path, settings={"ORDERS_DB_URL": "postgresql://u:s3cret@h/db"})
+    orders = cfg.poller("orders")
+    assert orders.source_url == "postgresql://u:s3cret@h/db"
+    assert orders.pk == ("id",) and orders.queue == "orders-changes" and orders.settle_seconds == 2.0
+    assert "s3cret" not in repr(cfg)  # secrets never printed
+
+
+def test_config_path_comes_from_the_dbfanout_config_setting(tmp_path: Path) -> None:
+    (tmp_path / "other.toml").write_text(SAMPLE)
+    cfg = load_config(app_root=tmp_path, settings={"DBFANOUT_CONFIG": "other.toml", "ORDERS_DB_URL": "sqlite://"})
+    assert cfg.path == tmp_path / "other.toml"
+
+
+def _data(**changes: object) -> dict[str, object]:
+    import tomllib
+
+    data = tomllib.loads(SAMPLE)
+    data["pollers"]["orders"].update(changes)  # type: ignore[index]
+    return {k: v for k, v in data.items()}
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"batch_size": 0}, "pollers.orders.batch_size"),
+        ({"pk": []}, "pollers.orders.pk"),
+        ({"queue": ""}, "pollers.orders.queue"),
+        ({"schedule": "* * * * *"}, "pollers.orders.schedule"),
+        ({"handler": "no_colon"}, "pollers.orders.handler"),
+        ({"query": "SELECT 1"}, "pollers.orders.table"),
+        ({"bogus": 1}, "pollers.orders.bogus"),
+        ({"null_cursor": "ignore"}, "pollers.orders.null_cursor"),
+    ],
+)
+def test_each_bad_value_names_its_key(changes: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_data(**changes), {"ORDERS_DB_URL": "sqlite://"})
+    assert info.value.key == key
+
+
+def test_missing_secret_setting_names_the_setting() -> None:
+    with pytest.raises(ConfigError, match="ORDERS_DB_URL"):
+        parse_config(_data(), {})
+
+
+def test_missing_file_says_where_it_looked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(app_root=tmp_path, settings={})
