@@ -320,7 +320,8 @@ def decode_state(data: bytes | str) -> StateDoc:
 
 
 def _has_tags(tag: Any) -> bool:
-    return any(t is not None for t in tag) if isinstance(tag, list) else tag is not None
+    # A composite cursor always keeps its tag list: it is what tells a tuple from a JSON array.
+    return isinstance(tag, list) or tag is not None
 
 
 def encode_event(event: RowChange) -> dict[str, Any]:

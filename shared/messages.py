@@ -1,0 +1,126 @@
+"""Batch → queue messages: packing under the size limit, idempotency keys, properties (pure).
+
+Used by the poller's sinks (Service Bus and Storage Queue) and by the worker when it splits a
+failing message, so both build messages exactly the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.codec import dumps, encode_event
+from shared.errors import OversizeRowError
+from shared.ids import idempotency_key
+from shared.models import BATCH_SCHEMA, Batch, RowChange
+
+__all__ = [
+    "CONTENT_TYPE",
+    "PROP_EVENT_COUNT",
+    "PROP_POLLER",
+    "PROP_SCHEMA",
+    "OutgoingMessage",
+    "pack_batch",
+]
+
+CONTENT_TYPE = "application/json"
+PROP_SCHEMA = "dbfanout-schema"
+PROP_POLLER = "dbfanout-poller"
+PROP_EVENT_COUNT = "dbfanout-event-count"
+PROP_BATCH_ID = "dbfanout-batch-id"
+
+# Room left for AMQP framing, system and application properties inside the entity's limit.
+PROPERTY_ALLOWANCE = 4 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One message ready to send: body, idempotency key and properties."""
+
+    message_id: str
+    body: bytes
+    subject: str
+    event_ids: tuple[str, ...]
+    application_properties: Mapping[str, str | int] = field(default_factory=dict)
+    content_type: str = CONTENT_TYPE
+    session_id: str | None = None
+
+
+def _header(batch: Batch) -> bytes:
+    """The envelope without its events: ``{"schema":...,"events":[`` ... ``]}``."""
+    head = dumps(
+        {
+            "schema": batch.schema,
+            "poller": batch.poller,
+            "batch_id": batch.batch_id,
+            "source_fingerprint": batch.source_fingerprint,
+            "events": [],
+        }
+    )
+    return head[:-2]  # strip the closing "]}"
+
+
+def _message(batch: Batch, head: bytes, encoded: list[bytes], events: list[RowChange]) -> OutgoingMessage:
+    body = head + b",".join(encoded) + b"]}"
+    event_ids = tuple(e.event_id for e in events)
+    return OutgoingMessage(
+        message_id=idempotency_key(batch.poller, batch.source_fingerprint, event_ids),
+        body=body,
+        subject=batch.poller,
+        event_ids=event_ids,
+        application_properties={
+            PROP_SCHEMA: BATCH_SCHEMA,
+            PROP_POLLER: batch.poller,
+            PROP_EVENT_COUNT: len(events),
+            PROP_BATCH_ID: batch.batch_id,
+        },
+    )
+
+
+def pack_batch(
+    batch: Batch,
+    max_message_bytes: int,
+    *,
+    oversize: Callable[[RowChange, int], RowChange] | None = None,
+    max_events: int | None = None,
+) -> list[OutgoingMessage]:
+    """Pack a batch's events, in order, into as few messages as fit under the limit.
+
+    A single event that cannot fit is passed to ``oversize`` (the claim-check hook, which
+    returns a small reference event) or raises :class:`OversizeRowError` naming poller and pk.
+    The same batch always packs into the same messages with the same ids.
+    """
+    budget = max_message_bytes - PROPERTY_ALLOWANCE
+    head = _header(batch)
+    messages: list[OutgoingMessage] = []
+    encoded: list[bytes] = []
+    events: list[RowChange] = []
+    size = len(head) + 2
+    for event in batch.events:
+        raw = dumps(encode_event(event))
+        if len(head) + len(raw) + 2 > budget:
+            if oversize is None:
+                raise OversizeRowError(
+                    f"poller {batch.poller}: row {dict(event.pk)} encodes to {len(raw)} bytes, more than the "
+                    f"{max_message_bytes}-byte message limit"
+                )
+            event = oversize(event, len(raw))
+            raw = dumps(encode_event(event))
+        full = events and (size + len(raw) + 1 > budget or (max_events is not None and len(events) >= max_events))
+        if full:
+            messages.append(_message(batch, head, encoded, events))
+            encoded, events, size = [], [], len(head) + 2
+        encoded.append(raw)
+        events.append(event)
+        size += len(raw) + 1
+    if events:
+        messages.append(_message(batch, head, encoded, events))
+    return messages
+
+
+def application_properties_of(message: OutgoingMessage, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    props: dict[str, Any] = dict(message.application_properties)
+    if extra:
+        props.update(extra)
+    return props

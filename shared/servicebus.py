@@ -1,0 +1,133 @@
+"""The Service Bus adapter both sides use: clients from settings, a reusable queue sender, and
+the one place SDK errors become dbfanout errors (STYLE R2).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
+from azure.servicebus.exceptions import (
+    MessageSizeExceededError,
+    MessagingEntityNotFoundError,
+    ServiceBusError,
+)
+
+from shared.errors import EnqueueError, OversizeRowError
+from shared.logs import get_logger, ids
+from shared.messages import OutgoingMessage
+from shared.settings import ServiceBusConnection
+
+__all__ = ["QueueSender", "bus_errors", "servicebus_client", "to_sdk_message"]
+
+log = get_logger("servicebus")
+
+
+def servicebus_client(conn: ServiceBusConnection, **kwargs: Any) -> ServiceBusClient:
+    """A client from a connection string, or from a namespace and an Entra identity."""
+    if conn.connection_string:
+        return ServiceBusClient.from_connection_string(conn.connection_string, **kwargs)
+    from azure.identity import DefaultAzureCredential
+
+    assert conn.fully_qualified_namespace is not None
+    credential = DefaultAzureCredential(managed_identity_client_id=conn.client_id)
+    return ServiceBusClient(conn.fully_qualified_namespace, credential, **kwargs)
+
+
+@contextmanager
+def bus_errors(op: str, queue: str) -> Iterator[None]:
+    """Map SDK errors to EnqueueError (and OversizeRowError), ``from`` the original."""
+    try:
+        yield
+    except MessageSizeExceededError as exc:
+        raise OversizeRowError(f"{op} to queue {queue}: the broker rejected a message as too large") from exc
+    except MessagingEntityNotFoundError as exc:
+        raise EnqueueError(
+            f"{op}: queue {queue} does not exist",
+            hint="create the queue (infra/ does, one per poller) or fix the poller's queue key",
+        ) from exc
+    except ServiceBusError as exc:
+        raise EnqueueError(f"{op} to queue {queue} failed: {type(exc).__name__}: {exc}") from exc
+    except (OSError, TimeoutError) as exc:
+        raise EnqueueError(f"{op} to queue {queue} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def to_sdk_message(message: OutgoingMessage) -> ServiceBusMessage:
+    return ServiceBusMessage(
+        message.body,
+        message_id=message.message_id,
+        content_type=message.content_type,
+        subject=message.subject,
+        session_id=message.session_id,
+        application_properties=_props(message),
+    )
+
+
+def _props(message: OutgoingMessage) -> dict[str | bytes, Any]:
+    return dict(message.application_properties.items())
+
+
+class QueueSender:
+    """One sender per queue, opened once and reused (opening costs about a second).
+
+    ``send_all`` returns only when the broker accepted every message; after any failure the
+    sender is closed so the next call opens a fresh link.
+    """
+
+    def __init__(self, client: ServiceBusClient, queue: str, *, timeout: float = 30.0) -> None:
+        self._client = client
+        self.queue = queue
+        self._timeout = timeout
+        self._sender: ServiceBusSender | None = None
+        self._lock = threading.Lock()
+
+    def send_all(self, messages: Sequence[OutgoingMessage]) -> None:
+        if not messages:
+            return
+        with self._lock:
+            try:
+                with bus_errors("send", self.queue):
+                    self._send_batches(self._open(), messages)
+            except EnqueueError:
+                self._close_quietly()
+                raise
+
+    def _open(self) -> ServiceBusSender:
+        if self._sender is None:
+            self._sender = self._client.get_queue_sender(self.queue)
+        return self._sender
+
+    def _send_batches(self, sender: ServiceBusSender, messages: Sequence[OutgoingMessage]) -> None:
+        batch = sender.create_message_batch()
+        for message in messages:
+            sdk_message = to_sdk_message(message)
+            try:
+                batch.add_message(sdk_message)
+                continue
+            except ValueError:  # batch full (or this one message alone is too big)
+                pass
+            if len(batch) == 0:
+                raise OversizeRowError(
+                    f"message {message.message_id} ({len(message.body)} bytes) exceeds the queue's batch limit"
+                )
+            sender.send_messages(batch, timeout=self._timeout)
+            batch = sender.create_message_batch()
+            batch.add_message(sdk_message)
+        if len(batch):
+            sender.send_messages(batch, timeout=self._timeout)
+        log.debug("messages sent", extra=ids(queue=self.queue, messages=len(messages)))
+
+    def _close_quietly(self) -> None:
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            try:
+                sender.close()
+            except Exception:  # closing a broken link may fail too; the next send reopens
+                log.debug("closing a failed sender raised", exc_info=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_quietly()

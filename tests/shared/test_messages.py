@@ -1,0 +1,44 @@
+"""Packing a batch into messages: size limits, deterministic ids, oversize rows."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.codec import decode_batch
+from shared.errors import OversizeRowError
+from shared.messages import PROPERTY_ALLOWANCE, pack_batch
+from shared.models import Batch, RowChange
+
+
+def _batch(sizes: list[int]) -> Batch:
+    events = tuple(
+        RowChange(f"ev-{i}", "upsert", {"id": i}, i, {"id": i, "blob": "x" * n}, "orders") for i, n in enumerate(sizes)
+    )
+    return Batch("orders", "batch-1", "sha256:f", events)
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=0, max_value=9000), min_size=1, max_size=60))
+def test_packing_keeps_every_event_in_order_under_the_limit(sizes: list[int]) -> None:
+    limit = 16 * 1024
+    batch = _batch(sizes)
+    messages = pack_batch(batch, limit)
+    assert all(len(m.body) <= limit - PROPERTY_ALLOWANCE for m in messages)
+    delivered = [e.event_id for m in messages for e in decode_batch(m.body).events]
+    assert delivered == [e.event_id for e in batch.events]
+    assert [m.message_id for m in pack_batch(batch, limit)] == [m.message_id for m in messages]  # deterministic
+    assert len({m.message_id for m in messages}) == len(messages)
+
+
+def test_oversize_row_names_poller_and_pk() -> None:
+    with pytest.raises(OversizeRowError, match=r"poller orders: row \{'id': 1\}"):
+        pack_batch(_batch([10, 30_000]), 16 * 1024)
+
+
+def test_message_properties_name_schema_poller_and_count() -> None:
+    (message,) = pack_batch(_batch([1, 2, 3]), 256 * 1024)
+    assert message.subject == "orders" and message.content_type == "application/json"
+    assert message.application_properties["dbfanout-schema"] == "dbfanout.batch/1"
+    assert message.application_properties["dbfanout-event-count"] == 3
