@@ -1,0 +1,325 @@
+"""The lease protocol: pure state transitions (shared by every StateStore adapter) and LeaseKeeper.
+
+The transitions (:func:`acquired`, :func:`heartbeated`, :func:`committed`, :func:`released`) are
+pure functions of a :class:`~shared.models.StateDoc` and a clock reading; each adapter sends
+their result in exactly one conditional write (STYLE R1), so the blob store and the in-memory
+fake cannot drift apart.
+
+:class:`LeaseKeeper` holds the snapshot of one tick: commits extend the lease in the same write,
+heartbeats go out only when the remaining time runs low (R11), and a background renewer stores a
+lost lease so the next commit refuses to write (seed case H).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+from poller.ports import Snapshot, StateStore
+from shared.errors import (
+    CommitAmbiguousError,
+    CommitError,
+    DbFanoutError,
+    FingerprintMismatchError,
+    LostLeaseError,
+    StateUnavailableError,
+)
+from shared.logs import get_logger, ids
+from shared.models import Checkpoint, Lease, StateDoc
+
+__all__ = [
+    "Clock",
+    "LeaseKeeper",
+    "acquired",
+    "check_poller_name",
+    "committed",
+    "default_skew_margin",
+    "heartbeated",
+    "released",
+    "same_holder",
+    "utcnow",
+]
+
+log = get_logger("poller.lease")
+
+#: Returns the current time, tz-aware. Injected everywhere time matters (tests use a fake).
+Clock = Callable[[], dt.datetime]
+
+_MAX_SKEW = dt.timedelta(seconds=5)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def default_skew_margin(ttl: dt.timedelta) -> dt.timedelta:
+    """How long past ``expires_at`` a lease stays untouchable: ``min(ttl / 2, 5 s)``."""
+    return min(ttl / 2, _MAX_SKEW)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure transitions (seed 002 §6-§8)
+
+
+def acquired(
+    current: StateDoc | None,
+    poller_name: str,
+    owner_id: str,
+    ttl: dt.timedelta,
+    fingerprint: str,
+    now: dt.datetime,
+    skew_margin: dt.timedelta,
+) -> StateDoc | None:
+    """The document that makes ``owner_id`` the holder, or None when the lease is still held.
+
+    A new document starts at fencing token 1; a lapsed (or released) lease is taken with the
+    token bumped by one. A document written for another source definition is never taken:
+    FingerprintMismatchError (seed 002 §9: reject execution until an explicit reset).
+    """
+    if current is None:
+        return StateDoc(
+            poller_name=poller_name,
+            source_fingerprint=fingerprint,
+            lease=Lease(owner_id, 1, acquired_at=now, heartbeat_at=now, expires_at=now + ttl),
+        )
+    if current.source_fingerprint != fingerprint:
+        raise FingerprintMismatchError(
+            f"poller {poller_name!r}: the state blob was written for source {current.source_fingerprint!r}, "
+            f"this poller's source is {fingerprint!r}"
+        )
+    if not current.lease.is_free(now, skew_margin):
+        return None
+    token = current.lease.fencing_token + 1
+    return current.with_lease(Lease(owner_id, token, acquired_at=now, heartbeat_at=now, expires_at=now + ttl))
+
+
+def _require_owner(doc: StateDoc, op: str) -> Lease:
+    if doc.lease.owner_id is None:
+        raise LostLeaseError(f"{op}: the snapshot holds no lease (released or never acquired); nothing was written")
+    return doc.lease
+
+
+def heartbeated(doc: StateDoc, ttl: dt.timedelta, now: dt.datetime) -> StateDoc:
+    """Same owner and token, ``expires_at = now + ttl``."""
+    lease = _require_owner(doc, "heartbeat")
+    return doc.with_lease(replace(lease, heartbeat_at=now, expires_at=now + ttl))
+
+
+def committed(doc: StateDoc, checkpoint: Checkpoint, ttl: dt.timedelta | None, now: dt.datetime) -> StateDoc:
+    """The checkpoint replaced; with ``ttl`` the lease is extended in the same write."""
+    lease = _require_owner(doc, "commit")
+    new = doc.with_checkpoint(checkpoint)
+    if ttl is not None:
+        new = new.with_lease(replace(lease, heartbeat_at=now, expires_at=now + ttl))
+    return new
+
+
+def released(doc: StateDoc, now: dt.datetime) -> StateDoc:
+    """No owner and ``expires_at = now``: anyone may take it at once. The token is kept."""
+    lease = _require_owner(doc, "release")
+    return doc.with_lease(replace(lease, owner_id=None, heartbeat_at=now, expires_at=now))
+
+
+def check_poller_name(doc: StateDoc, poller_name: str) -> None:
+    """An operator write must target the poller's own blob."""
+    if doc.poller_name != poller_name:
+        raise ValueError(f"state document for poller {doc.poller_name!r} cannot be written to {poller_name!r}")
+
+
+def same_holder(a: Lease, b: Lease) -> bool:
+    return a.owner_id is not None and a.owner_id == b.owner_id and a.fencing_token == b.fencing_token
+
+
+# --------------------------------------------------------------------------------------------
+# LeaseKeeper
+
+
+class LeaseKeeper:
+    """The lease of one tick: the current snapshot, commits, heartbeats and release.
+
+    Thread-safe: a background renewer and the tick share it. Every store call runs under the
+    lock, so a heartbeat never races a commit for the same ETag.
+    """
+
+    def __init__(self, store: StateStore, snapshot: Snapshot, ttl: dt.timedelta, *, clock: Clock = utcnow) -> None:
+        if snapshot.doc.lease.owner_id is None:
+            raise ValueError("LeaseKeeper needs a snapshot that holds the lease (from try_acquire)")
+        self._store = store
+        self._snap = snapshot
+        self._ttl = ttl
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._lost: LostLeaseError | None = None
+        self._ambiguous = False  # a commit may or may not have landed: our ETag is in doubt
+        self._doubtful = False  # a heartbeat may or may not have landed: reload before writing
+
+    # -- views ---------------------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return self._snap
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return self.snapshot.doc.checkpoint
+
+    @property
+    def fencing_token(self) -> int:
+        return self.snapshot.doc.lease.fencing_token
+
+    @property
+    def ttl(self) -> dt.timedelta:
+        return self._ttl
+
+    @property
+    def lost(self) -> LostLeaseError | None:
+        """The LostLeaseError seen by a heartbeat or commit, if any."""
+        with self._lock:
+            return self._lost
+
+    def _ids(self, **more: object) -> dict[str, object]:
+        doc = self._snap.doc
+        return ids(poller=self._store.poller_name, fencing_token=doc.lease.fencing_token, **more)
+
+    def check(self) -> None:
+        """Raise the stored LostLeaseError (e.g. from the background renewer), if any."""
+        with self._lock:
+            if self._lost is not None:
+                raise self._lost
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def commit(self, checkpoint: Checkpoint) -> Snapshot:
+        """Write the checkpoint and extend the lease in the same CAS write.
+
+        Raises LostLeaseError without writing when a heartbeat already lost the lease (case H).
+        """
+        with self._lock:
+            self.check()
+            if self._ambiguous:
+                raise CommitError(
+                    "an earlier commit of this tick is unresolved; nothing was written",
+                    hint="call resolve_ambiguous() (or end the tick; the next one reloads the state)",
+                    window="W5",
+                )
+            self._reconcile_if_doubtful()
+            try:
+                self._snap = self._store.commit(self._snap, checkpoint, ttl=self._ttl)
+            except LostLeaseError as exc:
+                self._lost = exc
+                raise
+            except CommitAmbiguousError:
+                self._ambiguous = True  # the write may have landed: our ETag is in doubt
+                raise
+            return self._snap
+
+    def heartbeat_if_due(self) -> bool:
+        """Extend the lease when less than a third of the TTL remains. True when a write went out.
+
+        Raises LostLeaseError (stored for the next commit) or StateUnavailableError.
+        """
+        with self._lock:
+            self.check()
+            if self._ambiguous:
+                return False  # the ETag is in doubt; resolve_ambiguous() decides
+            expires_at = self._snap.doc.lease.expires_at
+            if expires_at is not None and expires_at - self._clock() > self._ttl / 3:
+                return False
+            self._reconcile_if_doubtful()
+            try:
+                self._snap = self._store.heartbeat(self._snap, self._ttl)
+            except LostLeaseError as exc:
+                self._lost = exc
+                raise
+            except StateUnavailableError:
+                self._doubtful = True  # a timed-out write may still have landed
+                raise
+            return True
+
+    def _reconcile_if_doubtful(self) -> None:
+        """After a heartbeat of unknown outcome: adopt the stored ETag if the lease is still ours."""
+        if not self._doubtful:
+            return
+        stored = self._store.load()  # a read; raises StateUnavailableError and stays doubtful
+        self._doubtful = False
+        mine = self._snap.doc
+        if stored is None or not same_holder(stored.doc.lease, mine.lease) or stored.doc.checkpoint != mine.checkpoint:
+            self._lost = LostLeaseError("the lease moved while a heartbeat's outcome was unknown", window="W4")
+            raise self._lost
+        self._snap = stored
+
+    def resolve_ambiguous(self, intended: Checkpoint) -> bool:
+        """After CommitAmbiguousError: did the commit of ``intended`` land? (seed case G, W5)
+
+        Reloads the state. True when it holds our owner, our fencing token and ``intended`` (the
+        ETag is adopted); False when the write did not land and the lease is still ours. Raises
+        LostLeaseError when the lease moved, and StateUnavailableError when storage is still down.
+        """
+        with self._lock:
+            self.check()
+            stored = self._store.load()
+            mine = self._snap.doc
+            if stored is None or not same_holder(stored.doc.lease, mine.lease):
+                self._lost = LostLeaseError("the lease moved while a commit's outcome was unknown", window="W4")
+                raise self._lost
+            if stored.doc.checkpoint == intended:
+                landed = True
+            elif stored.doc == mine:
+                landed = False
+            else:
+                self._lost = LostLeaseError("the state changed under our lease (operator write?)", window="W4")
+                raise self._lost
+            self._snap = stored
+            self._ambiguous = False
+            self._doubtful = False
+            log.info("ambiguous commit resolved", extra=self._ids(window="W5", landed=landed))
+            return landed
+
+    def release(self) -> None:
+        """Give the lease up so the next tick (any instance) can take it at once. Never raises."""
+        with self._lock:
+            if self._lost is not None:
+                return  # not ours any more
+            try:
+                self._snap = self._store.release(self._snap)
+            except LostLeaseError:
+                log.info("lease already taken over; nothing to release", extra=self._ids(window="W4"))
+            except Exception as exc:  # best effort: the lease lapses by itself after the TTL
+                log.warning("lease release failed; it lapses after the TTL", extra=self._ids(error=repr(exc)))
+
+    # -- background renewal --------------------------------------------------------------------
+
+    @contextmanager
+    def renewing_in_background(self, interval: float | None = None) -> Iterator[LeaseKeeper]:
+        """Run ``heartbeat_if_due`` every ``interval`` seconds (default TTL/6) while the body runs.
+
+        A lost lease is stored (the next ``commit``/``check`` raises it) and ends the renewer;
+        transient failures are logged and retried on the next interval.
+        """
+        period = interval if interval is not None else self._ttl.total_seconds() / 6
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._renew_loop, args=(stop, period), name=f"lease-renewer-{self._store.poller_name}", daemon=True
+        )
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join(timeout=max(period, 1.0))
+
+    def _renew_loop(self, stop: threading.Event, period: float) -> None:
+        while not stop.wait(period):
+            try:
+                self.heartbeat_if_due()
+            except LostLeaseError:
+                log.warning("lease lost during the tick; the batch will not be committed", extra=self._ids(window="W4"))
+                return
+            except DbFanoutError as exc:
+                log.warning("heartbeat failed; retrying", extra=self._ids(error=str(exc)))
+            except Exception as exc:  # a renewer must not die silently on an unexpected error
+                log.exception("heartbeat crashed; retrying", extra=self._ids(error=repr(exc)))

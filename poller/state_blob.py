@@ -1,0 +1,267 @@
+"""StateStore on Azure Blob Storage: one JSON blob per poller holds checkpoint and lease (seed 002).
+
+Every mutation is exactly one conditional upload (STYLE R1): If-None-Match ``*`` to create,
+If-Match on the snapshot's ETag otherwise, and no SDK retries (a retried conditional write
+whose first attempt landed would come back 412 and look like a lost lease). Loads may retry a
+little. SDK errors are mapped once, in :func:`blob_errors` (R2).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceResponseError,
+)
+from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings, LinearRetry
+
+from poller.lease import (
+    Clock,
+    acquired,
+    check_poller_name,
+    committed,
+    default_skew_margin,
+    heartbeated,
+    released,
+    utcnow,
+)
+from poller.ports import Snapshot
+from shared.codec import decode_state, encode_state
+from shared.errors import (
+    CommitAmbiguousError,
+    CommitError,
+    ConfigError,
+    LostLeaseError,
+    StateUnavailableError,
+)
+from shared.logs import get_logger, ids
+from shared.models import Checkpoint, StateDoc
+from shared.settings import StorageConnection, redact_url
+
+__all__ = [
+    "DEFAULT_CONTAINER",
+    "BlobStateStore",
+    "blob_errors",
+    "blob_service_client",
+    "open_state_store",
+    "state_blob_name",
+]
+
+log = get_logger("poller.state")
+
+DEFAULT_CONTAINER = "db-state"
+DEFAULT_REQUEST_TIMEOUT = 10.0
+DEFAULT_READ_RETRIES = 1
+
+#: Operations that write with If-Match / If-None-Match: a 404/409/412 means the lease moved.
+_CAS_OPS = frozenset({"acquire", "heartbeat", "commit", "release", "replace"})
+#: Commit answers that may come after the write landed (timeouts on the service side).
+_AMBIGUOUS_STATUS = frozenset({408, 500, 504})
+
+
+def state_blob_name(app_name: str, poller_name: str) -> str:
+    """``state/{app_name}/{poller_name}.json`` (seed 002 §3)."""
+    return f"state/{app_name}/{poller_name}.json"
+
+
+def _describe(exc: BaseException) -> str:
+    """A one-line account of an SDK error, with any key or SAS signature redacted."""
+    status = getattr(exc, "status_code", None)
+    code = getattr(exc, "error_code", None)
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    parts = [type(exc).__name__, f"status={status}" if status else "", f"code={code}" if code else "", first]
+    return redact_url(" ".join(p for p in parts if p))
+
+
+@contextmanager
+def blob_errors(op: str, window: str | None = None) -> Iterator[None]:
+    """Map azure-storage-blob errors to dbfanout errors, ``from`` the SDK error (STYLE R2).
+
+    * 412 / 409 / 404 on a conditional write: the blob moved under us -> LostLeaseError (W4)
+    * commit without an answer (read timeout, dropped connection, 408/500/504): it may have
+      landed -> CommitAmbiguousError (W5); any other commit failure -> CommitError (W1, or ``window``)
+    * anything else (unreachable, connect timeout, auth, missing container) -> StateUnavailableError
+    """
+    try:
+        yield
+    except ResourceNotFoundError as exc:
+        if op in _CAS_OPS and getattr(exc, "error_code", None) != "ContainerNotFound":
+            raise LostLeaseError(f"{op}: the state blob is gone ({_describe(exc)})", window="W4") from exc
+        raise StateUnavailableError(
+            f"{op}: the state container does not exist ({_describe(exc)})",
+            hint="create the state container (open_state_store does) or fix the container name",
+        ) from exc
+    except (ResourceModifiedError, ResourceExistsError) as exc:
+        _raise_conflict(op, exc)
+    except HttpResponseError as exc:  # includes ClientAuthenticationError (401/403)
+        if exc.status_code in (409, 412) and op in _CAS_OPS:
+            _raise_conflict(op, exc)
+        if op == "commit" and exc.status_code in _AMBIGUOUS_STATUS:
+            raise CommitAmbiguousError(f"commit: no definite answer ({_describe(exc)})", window="W5") from exc
+        if op == "commit":
+            raise CommitError(f"commit failed ({_describe(exc)})", window=window or "W1") from exc
+        raise StateUnavailableError(f"{op}: state storage refused the request ({_describe(exc)})") from exc
+    except ServiceResponseError as exc:  # the request went out, the answer did not come back
+        if op == "commit":
+            raise CommitAmbiguousError(f"commit: the write may have landed ({_describe(exc)})", window="W5") from exc
+        landed = " (the write may have landed)" if op in _CAS_OPS else ""
+        raise StateUnavailableError(f"{op}: state storage did not answer{landed} ({_describe(exc)})") from exc
+    except AzureError as exc:  # ServiceRequestError (never sent), credential failures, ...
+        if op == "commit":
+            raise CommitError(f"commit: state storage unreachable ({_describe(exc)})", window=window or "W1") from exc
+        raise StateUnavailableError(f"{op}: state storage unreachable ({_describe(exc)})") from exc
+
+
+def _raise_conflict(op: str, exc: AzureError) -> None:
+    raise LostLeaseError(
+        f"{op}: the state blob changed since it was read; another owner has the lease ({_describe(exc)})",
+        window="W4",
+    ) from exc
+
+
+class BlobStateStore:
+    """The StateStore port on one blob: ``state/{app_name}/{poller_name}.json`` in a container."""
+
+    def __init__(
+        self,
+        container_client: ContainerClient,
+        app_name: str,
+        poller_name: str,
+        *,
+        clock: Clock = utcnow,
+        skew_margin: dt.timedelta | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    ) -> None:
+        self.poller_name = poller_name
+        self.app_name = app_name
+        self.blob_name = state_blob_name(app_name, poller_name)
+        self._blob = container_client.get_blob_client(self.blob_name)
+        self._clock = clock
+        self._skew_margin = skew_margin
+        self._read_opts: dict[str, Any] = {"connection_timeout": request_timeout, "read_timeout": request_timeout}
+        # One request per mutation: never let the SDK resend a conditional write.
+        self._write_opts: dict[str, Any] = {**self._read_opts, "retry_total": 0}
+
+    def __repr__(self) -> str:
+        return f"BlobStateStore({self._blob.container_name}/{self.blob_name})"
+
+    def load(self) -> Snapshot | None:
+        with blob_errors("load"):
+            try:
+                downloader = self._blob.download_blob(**self._read_opts)
+            except ResourceNotFoundError:
+                return None  # first run (a missing container shows up on the create)
+            data = downloader.readall()
+            etag = downloader.properties.etag
+        return Snapshot(decode_state(data), etag)  # StateFormatError propagates: never overwrite it
+
+    def try_acquire(self, owner_id: str, ttl: dt.timedelta, fingerprint: str) -> Snapshot | None:
+        snap = self.load()
+        now = self._clock()
+        skew = self._skew_margin if self._skew_margin is not None else default_skew_margin(ttl)
+        doc = acquired(snap.doc if snap else None, self.poller_name, owner_id, ttl, fingerprint, now, skew)
+        if doc is None:
+            log.debug("lease held by another owner", extra=ids(poller=self.poller_name, owner=owner_id))
+            return None
+        try:
+            return self._put("acquire", doc, snap.etag if snap else None)
+        except LostLeaseError:
+            log.debug("lost the race for the lease", extra=ids(poller=self.poller_name, owner=owner_id))
+            return None
+
+    def heartbeat(self, snap: Snapshot, ttl: dt.timedelta) -> Snapshot:
+        return self._put("heartbeat", heartbeated(snap.doc, ttl, self._clock()), snap.etag)
+
+    def commit(self, snap: Snapshot, checkpoint: Checkpoint, ttl: dt.timedelta | None = None) -> Snapshot:
+        return self._put("commit", committed(snap.doc, checkpoint, ttl, self._clock()), snap.etag)
+
+    def release(self, snap: Snapshot) -> Snapshot:
+        return self._put("release", released(snap.doc, self._clock()), snap.etag)
+
+    def replace(self, snap: Snapshot | None, doc: StateDoc) -> Snapshot:
+        check_poller_name(doc, self.poller_name)
+        return self._put("replace", doc, snap.etag if snap else None)
+
+    def _put(self, op: str, doc: StateDoc, etag: str | None) -> Snapshot:
+        """The one conditional upload: create (If-None-Match: *) or CAS (If-Match: etag)."""
+        data = encode_state(doc)
+        if etag is None:
+            condition: dict[str, Any] = {"etag": "*", "match_condition": MatchConditions.IfMissing}
+        else:
+            condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+        with blob_errors(op):
+            result = self._blob.upload_blob(
+                data,
+                overwrite=True,  # the condition above decides; overwrite=False would add its own
+                content_settings=ContentSettings(content_type="application/json"),
+                **condition,
+                **self._write_opts,
+            )
+        return Snapshot(doc, str(result["etag"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Factory
+
+
+def blob_service_client(
+    conn: StorageConnection,
+    *,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    retry_total: int = DEFAULT_READ_RETRIES,
+) -> BlobServiceClient:
+    """A client from a connection string, or from ``blob_service_uri`` and a managed identity.
+
+    Timeouts and retries are short so a stalled storage account cannot hang a tick for minutes.
+    """
+    options: dict[str, Any] = {
+        "connection_timeout": request_timeout,
+        "read_timeout": request_timeout,
+        "retry_policy": LinearRetry(backoff=1, random_jitter_range=1, retry_total=retry_total),
+    }
+    if conn.connection_string:
+        try:
+            return BlobServiceClient.from_connection_string(conn.connection_string, **options)
+        except ValueError as exc:  # the message never repeats the string: it holds the account key
+            raise ConfigError("storage connection", "not a valid storage connection string") from exc
+    if conn.blob_service_uri:
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential(managed_identity_client_id=conn.client_id)
+        return BlobServiceClient(conn.blob_service_uri, credential=credential, **options)
+    raise ConfigError("storage connection", "needs a connection string or a blob service URI")
+
+
+def open_state_store(
+    conn: StorageConnection,
+    container: str,
+    app_name: str,
+    poller_name: str,
+    *,
+    clock: Clock = utcnow,
+    skew_margin: dt.timedelta | None = None,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    retry_total: int = DEFAULT_READ_RETRIES,
+    ensure_container: bool = True,
+) -> BlobStateStore:
+    """Build the client and the store; create the container when missing (an existing one is fine).
+
+    Raises StateUnavailableError when the container cannot be created (storage down, no RBAC).
+    """
+    service = blob_service_client(conn, request_timeout=request_timeout, retry_total=retry_total)
+    container_client = service.get_container_client(container)
+    if ensure_container:
+        with blob_errors("create-container"), suppress(ResourceExistsError):
+            container_client.create_container(connection_timeout=request_timeout, read_timeout=request_timeout)
+    return BlobStateStore(
+        container_client, app_name, poller_name, clock=clock, skew_margin=skew_margin, request_timeout=request_timeout
+    )
