@@ -1,0 +1,1 @@
+"""dbfanout's own checkov checks (loaded with --external-checks-dir infra/checks)."""
