@@ -1,0 +1,45 @@
+"""The timer side of ``function_app.py``: one timer function per poller (``poll_<poller>``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import azure.functions as func
+
+from poller.runtime import Runtimes
+from shared.config import Config
+from shared.logs import get_logger, ids
+
+__all__ = ["poller_blueprint", "timer_function_name"]
+
+log = get_logger("poller.functions")
+
+
+def timer_function_name(poller: str) -> str:
+    return "poll_" + re.sub(r"\W", "_", poller)
+
+
+def poller_blueprint(config: Config, runtimes: Runtimes | None = None) -> func.Blueprint:
+    """Register the timers. Opens no connection: runtimes are built on the first tick."""
+    bp = func.Blueprint()
+    shared_runtimes = runtimes or Runtimes(config)
+    for poller in config.pollers.values():
+        tick = _timer(shared_runtimes, poller.name)
+        bp.function_name(timer_function_name(poller.name))(
+            bp.timer_trigger(arg_name="timer", schedule=poller.schedule, use_monitor=poller.use_monitor)(tick)
+        )
+    return bp
+
+
+def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], None]:
+    def tick(timer: func.TimerRequest) -> None:
+        # A timer function must return None: the Python worker rejects other values.
+        result = runtimes.get(poller).tick()
+        log.info(
+            "tick done",
+            extra=ids(poller=poller, stop_reason=result.stop_reason, rows=result.rows, batches=result.batches),
+        )
+
+    tick.__name__ = timer_function_name(poller)
+    return tick

@@ -1,0 +1,114 @@
+"""Everything one poller keeps across ticks: a pooled engine, its state store and its sender.
+
+Built lazily on the first tick (``function_app.py`` indexing must open no connections) and
+reused afterwards: opening a Service Bus sender costs about a second.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from azure.servicebus import ServiceBusClient
+
+from poller.ports import Sink, Source, StateStore
+from poller.sink_servicebus import ServiceBusSink
+from poller.state_blob import open_state_store
+from poller.tick import TickResult, default_owner_id, run_tick
+from shared.config import Config
+from shared.servicebus import QueueSender, servicebus_client
+from shared.settings import servicebus_connection, storage_connection
+
+__all__ = ["PollerRuntime", "Runtimes"]
+
+
+class PollerRuntime:
+    """One poller's long-lived parts. Pass any part explicitly to replace it (tests, benchmarks)."""
+
+    def __init__(
+        self,
+        config: Config,
+        poller: str,
+        *,
+        source: Source | None = None,
+        store: StateStore | None = None,
+        sink: Sink | None = None,
+        bus: Callable[[], ServiceBusClient] | None = None,
+        owner_id: str | None = None,
+    ) -> None:
+        self.config = config
+        self.poller = config.poller(poller)
+        self._source = source
+        self._store = store
+        self._sink = sink
+        self._bus = bus
+        self.owner_id = owner_id or default_owner_id()
+        self._lock = threading.Lock()  # one tick at a time in this process
+
+    @property
+    def source(self) -> Source:
+        if self._source is None:
+            from poller.source import SqlSource  # SQLAlchemy reflection happens here, not at import
+
+            self._source = SqlSource(self.poller)
+        return self._source
+
+    @property
+    def store(self) -> StateStore:
+        if self._store is None:
+            app = self.config.app
+            conn = storage_connection(self.config.settings, app.state_connection)
+            self._store = open_state_store(conn, app.state_container, app.name, self.poller.name)
+        return self._store
+
+    @property
+    def sink(self) -> Sink:
+        if self._sink is None:
+            if self._bus is None:
+                conn = servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
+                client = servicebus_client(conn)
+                self._bus = lambda: client
+            self._sink = ServiceBusSink(self.poller, QueueSender(self._bus(), self.poller.queue))
+        return self._sink
+
+    def tick(self) -> TickResult:
+        with self._lock:
+            return run_tick(self.poller, self.source, self.store, self.sink, owner_id=self.owner_id)
+
+    def close(self) -> None:
+        for part in (self._sink, self._source):
+            if part is not None:
+                part.close()
+
+
+class Runtimes:
+    """The process-wide runtimes of an app, one per poller, created on first use."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._runtimes: dict[str, PollerRuntime] = {}
+        self._lock = threading.Lock()
+        self._bus: ServiceBusClient | None = None
+        self._bus_lock = threading.Lock()
+
+    def _shared_bus(self) -> ServiceBusClient:
+        with self._bus_lock:  # its own lock: called from inside a tick, while get() may run
+            if self._bus is None:
+                conn = servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
+                self._bus = servicebus_client(conn)
+            return self._bus
+
+    def get(self, poller: str) -> PollerRuntime:
+        with self._lock:
+            if poller not in self._runtimes:
+                self._runtimes[poller] = PollerRuntime(self.config, poller, bus=self._shared_bus)
+            return self._runtimes[poller]
+
+    def close(self) -> None:
+        with self._lock:
+            for runtime in self._runtimes.values():
+                runtime.close()
+            self._runtimes.clear()
+            if self._bus is not None:
+                self._bus.close()
+                self._bus = None

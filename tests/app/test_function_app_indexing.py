@@ -1,0 +1,89 @@
+"""function_app.py registers one timer per poller and one queue trigger per queue (issue 5)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from shared.errors import ConfigError
+
+CONFIG = """
+[app]
+name = "shop"
+servicebus_connection = "SB_CONN"
+
+[pollers.orders]
+source_url = "${ORDERS_DB_URL}"
+table = "orders"
+cursor = "updated_at"
+pk = ["id"]
+queue = "orders-changes"
+schedule = "*/5 * * * * *"
+handler = "handlers.orders:handle"
+
+[pollers.customers]
+source_url = "${ORDERS_DB_URL}"
+query = "SELECT * FROM customers"
+cursor = "version"
+pk = ["tenant", "id"]
+queue = "customers-changes"
+schedule = "%CUSTOMERS_SCHEDULE%"
+cardinality = "many"
+use_monitor = false
+
+[pollers.customers_backfill]
+source_url = "${ORDERS_DB_URL}"
+table = "customers"
+cursor = "version"
+pk = ["tenant", "id"]
+queue = "customers-changes"
+"""
+
+
+def _import_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> ModuleType:
+    (tmp_path / "app.toml").write_text(text)
+    monkeypatch.setenv("DBFANOUT_CONFIG", str(tmp_path / "app.toml"))
+    monkeypatch.setenv("ORDERS_DB_URL", "postgresql://user:s3cret@db/shop")
+    sys.modules.pop("function_app", None)
+    return importlib.import_module("function_app")
+
+
+def test_each_poller_gets_a_timer_and_each_queue_one_trigger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _import_app(tmp_path, monkeypatch, CONFIG)
+    functions = {f.get_function_name(): json.loads(f.get_function_json()) for f in module.app.get_functions()}
+    assert set(functions) == {
+        "poll_orders",
+        "poll_customers",
+        "poll_customers_backfill",
+        "work_orders_changes",
+        "work_customers_changes",
+    }
+    (timer,) = functions["poll_customers"]["bindings"]
+    assert timer["type"] == "timerTrigger" and timer["schedule"] == "%CUSTOMERS_SCHEDULE%"
+    assert timer["useMonitor"] is False and timer["name"] == "timer"
+    (orders_queue,) = functions["work_orders_changes"]["bindings"]
+    assert orders_queue["type"] == "serviceBusTrigger" and orders_queue["queueName"] == "orders-changes"
+    assert orders_queue["connection"] == "SB_CONN" and orders_queue["cardinality"] == "ONE"
+    (customers_queue,) = functions["work_customers_changes"]["bindings"]
+    assert customers_queue["cardinality"] == "MANY"
+    assert "s3cret" not in json.dumps(functions)
+
+
+def test_timer_functions_return_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    module = _import_app(tmp_path, monkeypatch, CONFIG)
+    for f in module.app.get_functions():
+        if f.get_function_name().startswith("poll_"):
+            assert inspect.signature(f.get_user_function()).return_annotation in (None, "None")
+
+
+def test_bad_config_fails_at_indexing_naming_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError) as info:
+        _import_app(tmp_path, monkeypatch, CONFIG.replace('schedule = "*/5 * * * * *"', 'schedule = "*/5 * * * *"'))
+    assert info.value.key == "pollers.orders.schedule"

@@ -1,0 +1,127 @@
+"""The queue side of ``function_app.py``: one Service Bus trigger per queue (``work_<queue>``).
+
+Settlement follows the host's autoComplete semantics: returning completes the message,
+raising abandons it (delivery count + 1), and Service Bus dead-letters it after the queue's
+MaxDeliveryCount. Splitting a failing multi-event message sends the singles first and then
+returns, so the parent completes only after every single was accepted.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import azure.functions as func
+from azure.servicebus import ServiceBusClient
+
+from shared.config import Config
+from shared.messages import OutgoingMessage
+from shared.servicebus import QueueSender, servicebus_client
+from shared.settings import servicebus_connection
+from worker.runtime import Delivery, Worker
+from worker.split import Splitter
+
+__all__ = ["WorkerApp", "delivery_from_functions", "queue_function_name", "worker_blueprint"]
+
+
+def queue_function_name(queue: str) -> str:
+    return "work_" + re.sub(r"\W", "_", queue)
+
+
+def delivery_from_functions(msg: func.ServiceBusMessage) -> Delivery:
+    """What the Functions host hands us → the worker's view (its delivery count is 1-based)."""
+    return Delivery(
+        body=msg.get_body(),
+        message_id=msg.message_id or "",
+        delivery_count=int(msg.delivery_count or 1),
+        enqueued_time=msg.enqueued_time_utc,
+        application_properties=dict(msg.application_properties or {}),
+    )
+
+
+class WorkerApp:
+    """The process-wide worker: built on first message, senders reused for splits."""
+
+    def __init__(self, config: Config, app_root: Path | None = None) -> None:
+        self.config = config
+        self._app_root = app_root
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+        self._bus: ServiceBusClient | None = None
+        self._senders: dict[str, QueueSender] = {}
+
+    def _send_all(self, queue: str, messages: list[OutgoingMessage]) -> None:
+        with self._lock:
+            if self._bus is None:
+                self._bus = servicebus_client(
+                    servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
+                )
+            sender = self._senders.setdefault(queue, QueueSender(self._bus, queue))
+        sender.send_all(messages)
+
+    @property
+    def worker(self) -> Worker:
+        with self._lock:
+            if self._worker is None:
+                self._worker = Worker(
+                    self.config, splitter=Splitter(self.config, self._send_all), app_root=self._app_root
+                )
+            return self._worker
+
+    def process(self, msg: func.ServiceBusMessage) -> None:
+        self.worker.process(delivery_from_functions(msg))
+
+    def close(self) -> None:
+        with self._lock:
+            for sender in self._senders.values():
+                sender.close()
+            self._senders.clear()
+            if self._bus is not None:
+                self._bus.close()
+                self._bus = None
+
+
+def worker_blueprint(
+    config: Config, worker_app: WorkerApp | None = None, app_root: Path | None = None
+) -> func.Blueprint:
+    bp = func.Blueprint()
+    shared = worker_app or WorkerApp(config, app_root)
+    for queue, pollers in config.queues().items():
+        many = any(p.cardinality == "many" for p in pollers)
+        sessions = any(p.sessions for p in pollers)
+        fn = _many(shared, queue) if many else _one(shared, queue)
+        trigger = bp.service_bus_queue_trigger(
+            arg_name="msg",
+            connection=config.app.servicebus_connection,
+            queue_name=queue,
+            cardinality=func.Cardinality.MANY if many else func.Cardinality.ONE,
+            is_sessions_enabled=sessions or None,
+        )
+        bp.function_name(queue_function_name(queue))(trigger(fn))
+    return bp
+
+
+def _one(app: WorkerApp, queue: str) -> Callable[[func.ServiceBusMessage], None]:
+    def work(msg: func.ServiceBusMessage) -> None:
+        app.process(msg)
+
+    work.__name__ = queue_function_name(queue)
+    return work
+
+
+def _many(app: WorkerApp, queue: str) -> Callable[[list[func.ServiceBusMessage]], None]:
+    def work(msg: list[func.ServiceBusMessage]) -> None:
+        # Handle every message; fail the invocation (all are redelivered) if any failed.
+        errors: list[Exception] = []
+        for one in msg:
+            try:
+                app.process(one)
+            except Exception as exc:  # re-raised below, after the others had their turn
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    work.__name__ = queue_function_name(queue)
+    return work
