@@ -1,0 +1,424 @@
+"""The SQLAlchemy keyset source: a table or a query, read in ``(cursor, pk...)`` order.
+
+``SqlSource(config).fetch(after, limit)`` returns the rows strictly after ``after``, oldest first,
+that the database considers settled. Everything is evaluated by the database: the order, the seek
+predicate (:mod:`poller.keyset`), the settle window and the xid horizon (:mod:`poller.settle`).
+
+Lifecycle: the constructor only checks the configuration (no connection). The first ``fetch``
+resolves the source (reflects the table, or checks the query's output columns), finds the cursor's
+kind from its first non-NULL value, and builds the two SELECTs (first page; page after a position)
+once, with bind parameters. A table with no cursor values yet returns empty pages until it has one.
+
+NULL cursors (``null_cursor``): such rows can never be ordered against a checkpoint.
+
+* ``"skip"`` (default): they are excluded (``cursor IS NOT NULL``) and counted; the count is a
+  gauge reported on every page as ``Page.skipped_null_cursors`` and logged as a WARNING whenever it
+  is refreshed and non-zero. Cost: one ``COUNT(*) ... WHERE cursor IS NULL`` (an index seek when
+  ``(cursor, pk)`` is indexed), run on the first fetch and then at most once per
+  ``NULL_CHECK_SECONDS`` (60 s), only on a short page (caught up), so catch-up pays nothing.
+* ``"fail"``: the same check raises :class:`~shared.errors.CursorError` naming the column.
+
+Soft deletes: a row whose ``soft_delete_column`` is not NULL, not false and not 0 is
+``deleted=True`` (the column stays in the values). Hard deletes are invisible to a cursor poller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import sqlalchemy as sa
+
+from poller.engines import make_engine
+from poller.keyset import CursorKind, after_predicate, classify, predicate_style, sqlite_declared_kind
+from poller.ports import Page, SourceRow
+from poller.settle import mysql_timezone_probe, settle_predicate, xid_horizon
+from shared.config import PollerConfig
+from shared.errors import ConfigError, CursorError, DbFanoutError, FetchError, SourceError
+from shared.ids import source_fingerprint
+from shared.logs import get_logger, ids
+from shared.models import Position
+from shared.settings import redact_url
+
+__all__ = ["SqlSource"]
+
+log = get_logger("poller.source")
+
+_RAW_CURSOR = "__dbfanout_cursor"
+_SUBQUERY = "dbfanout_src"
+_PROGRAMMING_HINTS = (
+    "no such table", "no such column", "syntax error", "unknown column", "doesn't exist", "ambiguous",
+    "error in your sql syntax", "does not exist", "unrecognized token",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    """The source as a FROM clause, with the expressions the keyset compares."""
+
+    from_: sa.FromClause
+    cursor: sa.ColumnElement[Any]  # as compared (raw text on SQLite)
+    pk: tuple[sa.ColumnElement[Any], ...]
+    columns: tuple[sa.ColumnElement[Any], ...]  # what a page selects
+    raw_extra: bool  # the compared cursor is selected as an extra column (_RAW_CURSOR)
+    sqlite_declared: str | None
+    filter: sa.ColumnElement[bool] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    kind: CursorKind
+    first: sa.Select[Any]
+    after: sa.Select[Any]
+
+
+class SqlSource:
+    """The :class:`~poller.ports.Source` port over a SQLAlchemy engine (pooled, shared per URL)."""
+
+    NULL_CHECK_SECONDS = 60.0
+
+    def __init__(self, config: PollerConfig, engine: sa.Engine | None = None) -> None:
+        self._config = config
+        self._engine = engine if engine is not None else make_engine(config.source_url)
+        self._dialect = self._engine.dialect.name
+        self._url = redact_url(config.source_url)
+        self._key = f"pollers.{config.name}"
+        self._tz = _zone(config.cursor_timezone, f"{self._key}.cursor_timezone")
+        if config.xid_column and self._dialect != "postgresql":
+            raise ConfigError(f"{self._key}.xid_column", f"needs PostgreSQL 13+ (this source is {self._dialect})")
+        self._fingerprint = source_fingerprint(
+            {
+                "url": self._url,
+                "table": config.table,
+                "query": config.query,
+                "cursor": config.cursor,
+                "pk": list(config.pk),
+                "filter": config.filter,
+                "soft_delete_column": config.soft_delete_column,
+                "xid_column": config.xid_column,
+            }
+        )
+        self._resolved: _Resolved | None = None
+        self._plan: _Plan | None = None
+        self._index_warning: str | None = None
+        self._null_count = 0
+        self._null_checked_at: float | None = None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------------------ the port
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def fetch(self, after: Position | None, limit: int) -> Page:
+        with self._db_errors("fetch"), self._engine.connect() as conn:
+            resolved = self._resolve(conn)
+            plan = self._plan or self._make_plan(conn, resolved)
+            rows = self._rows(conn, resolved, plan, after, limit) if plan is not None else []
+            checked = self._check_nulls(conn, resolved, short=len(rows) < limit)
+        return Page(rows=rows, skipped_null_cursors=self._null_count, notes={"null_cursor_checked": checked})
+
+    def close(self) -> None:
+        """Nothing to release: the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
+
+    # ------------------------------------------------------------------------------ introspection
+
+    def index_warning(self) -> str | None:
+        """Why fetches cannot seek an index (table mode, once resolved), or None."""
+        return self._index_warning
+
+    def describe(self) -> dict[str, Any]:
+        """What the source resolved to, for ``dbfanout validate`` (connects on first use)."""
+        with self._db_errors("describe"), self._engine.connect() as conn:
+            resolved = self._resolve(conn)
+            plan = self._plan or self._make_plan(conn, resolved)
+        cfg = self._config
+        return {
+            "poller": cfg.name,
+            "url": self._url,
+            "dialect": self._dialect,
+            "mode": "table" if cfg.table else "query",
+            "source": cfg.table or cfg.query,
+            "cursor": cfg.cursor,
+            "pk": list(cfg.pk),
+            "cursor_kind": plan.kind.kind if plan else None,
+            "predicate": predicate_style(self._dialect),
+            "settle": self._settle_text(plan.kind if plan else None),
+            "xid_horizon": cfg.xid_column,
+            "null_cursor": cfg.null_cursor,
+            "index_warning": self._index_warning,
+            "fingerprint": self._fingerprint,
+        }
+
+    # ------------------------------------------------------------------------------ resolving
+
+    def _resolve(self, conn: sa.Connection) -> _Resolved:
+        if self._resolved is None:
+            self._resolved = self._resolve_table(conn) if self._config.table else self._resolve_query(conn)
+        return self._resolved
+
+    def _needed(self) -> list[tuple[str, str]]:
+        cfg = self._config
+        needed = [("cursor", cfg.cursor)] + [("pk", c) for c in cfg.pk]
+        needed += [(k, v) for k, v in (("soft_delete_column", cfg.soft_delete_column),
+                                       ("xid_column", cfg.xid_column)) if v]  # fmt: skip
+        return needed
+
+    def _check_columns(self, present: list[str], where: str) -> None:
+        for key, name in self._needed():
+            if name not in present:
+                near = [p for p in present if p.lower() == name.lower()]
+                hint = f"did you mean {near[0]!r}? (names are case-sensitive)" if near else None
+                raise ConfigError(
+                    f"{self._key}.{key}",
+                    f"column {name!r} is not in {where} (it has: {', '.join(present)})",
+                    hint=hint,
+                )
+
+    def _resolve_table(self, conn: sa.Connection) -> _Resolved:
+        assert self._config.table is not None
+        schema, _, name = self._config.table.rpartition(".")
+        try:
+            table = sa.Table(name, sa.MetaData(), schema=schema or None, autoload_with=conn)
+        except sa.exc.NoSuchTableError:
+            raise ConfigError(
+                f"{self._key}.table", f"table {self._config.table!r} does not exist in {self._url}"
+            ) from None
+        self._check_columns([c.name for c in table.columns], f"table {self._config.table!r}")
+        self._index_warning = _index_gap(conn, table, [self._config.cursor, *self._config.pk])
+        if self._index_warning:
+            log.warning(self._index_warning, extra=ids(poller=self._config.name))
+        column = table.c[self._config.cursor]
+        sqlite = self._dialect == "sqlite"
+        # On SQLite the cursor is compared, ordered and checkpointed as the raw stored value.
+        cursor = sa.type_coerce(column, sa.String()) if sqlite else column
+        columns = (*table.columns, cursor.label(_RAW_CURSOR)) if sqlite else tuple(table.columns)
+        return _Resolved(
+            from_=table,
+            cursor=cursor,
+            pk=tuple(table.c[p] for p in self._config.pk),
+            columns=columns,
+            raw_extra=sqlite,
+            sqlite_declared=sqlite_declared_kind(column.type) if sqlite else None,
+            filter=self._filter(),
+        )
+
+    def _resolve_query(self, conn: sa.Connection) -> _Resolved:
+        assert self._config.query is not None
+        names = [n for _, n in self._needed()]
+        sub = sa.text(self._config.query).columns(*(sa.column(n) for n in dict.fromkeys(names))).subquery(_SUBQUERY)
+        probe: sa.Select[Any] = sa.select(sa.literal_column("*")).select_from(sub).limit(0)
+        present = list(conn.execute(probe).keys())
+        self._check_columns(present, "the query's output")
+        return _Resolved(
+            from_=sub,
+            cursor=sub.c[self._config.cursor],
+            pk=tuple(sub.c[p] for p in self._config.pk),
+            columns=(sa.literal_column("*"),),
+            raw_extra=False,
+            sqlite_declared=None,
+            filter=self._filter(),
+        )
+
+    def _filter(self) -> sa.ColumnElement[bool] | None:
+        return sa.text(f"({self._config.filter})") if self._config.filter else None  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------ planning
+
+    def _make_plan(self, conn: sa.Connection, r: _Resolved) -> _Plan | None:
+        probe = sa.select(r.cursor).select_from(r.from_).where(r.cursor.is_not(None)).order_by(r.cursor).limit(1)
+        sample = conn.execute(probe).scalar()
+        if sample is None:
+            return None  # no cursor values yet: nothing to order
+        kind = classify(sample, self._config.cursor, sqlite_declared=r.sqlite_declared, tz=self._tz)
+        self._check_server_timezone(conn, kind)
+        self._warn_kind(kind)
+        cfg = self._config
+        base: list[sa.ColumnElement[bool]] = []
+        if r.filter is not None:
+            base.append(r.filter)
+        settle = settle_predicate(r.cursor, self._dialect, kind, cfg.settle_seconds, cfg.name)
+        if settle is not None:
+            base.append(settle)
+        if cfg.xid_column:
+            base.append(xid_horizon(r.from_.c[cfg.xid_column]))
+        keys = [r.cursor, *r.pk]
+        params = [sa.bindparam(f"k{i}", type_=k.type) for i, k in enumerate(keys)]
+        seek = after_predicate(keys, params, predicate_style(self._dialect))
+        select = sa.select(*r.columns).select_from(r.from_).order_by(*keys).limit(sa.bindparam("dbf_limit"))
+        self._plan = _Plan(
+            kind=kind,
+            first=select.where(r.cursor.is_not(None), *base),
+            after=select.where(seek, *base),
+        )
+        return self._plan
+
+    def _check_server_timezone(self, conn: sa.Connection, kind: CursorKind) -> None:
+        probe = mysql_timezone_probe(kind) if self._dialect in ("mysql", "mariadb") else None
+        if probe is not None and self._config.settle_seconds > 0 and conn.execute(sa.text(probe)).scalar() is None:
+            raise ConfigError(
+                f"{self._key}.cursor_timezone",
+                f"the server cannot convert to {self._config.cursor_timezone!r} (its time zone tables are empty)",
+                hint="load them with mariadb-tzinfo-to-sql, or store UTC and set cursor_timezone = 'UTC'",
+            )
+
+    def _warn_kind(self, kind: CursorKind) -> None:
+        cfg = self._config
+        if kind.kind == "float":
+            self._warn_once(
+                "float",
+                "cursor %r is a float: equal-looking values may compare unequal and updates within its "
+                "precision collapse (W7); prefer an integer or timestamp",
+                cfg.cursor,
+            )
+        if cfg.settle_seconds > 0 and not kind.temporal and not cfg.xid_column:
+            self._warn_once(
+                "settle",
+                "settle_seconds does not apply to the %s cursor %r: a late-committing transaction can be skipped "
+                "unless a single transaction writes at a time; set xid_column (PostgreSQL) to close the gap",
+                kind.kind,
+                cfg.cursor,
+            )
+
+    def _settle_text(self, kind: CursorKind | None) -> str:
+        cfg = self._config
+        if cfg.settle_seconds <= 0:
+            return "disabled (settle_seconds = 0)"
+        if kind is None:
+            return "unknown until the cursor column has a value"
+        if not kind.temporal:
+            return f"none: a {kind.kind} cursor has no time (single writer or xid_column needed)"
+        return f"cursor older than {cfg.settle_seconds:g} s on the {self._dialect} clock"
+
+    # ------------------------------------------------------------------------------ fetching
+
+    def _rows(
+        self, conn: sa.Connection, r: _Resolved, plan: _Plan, after: Position | None, limit: int
+    ) -> list[SourceRow]:
+        cfg = self._config
+        if after is None:
+            result = conn.execute(plan.first, {"dbf_limit": limit})
+        else:
+            result = conn.execute(plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)})
+        keys = list(result.keys())
+        cursor, pk_names, soft = cfg.cursor, cfg.pk, cfg.soft_delete_column
+        convert = plan.kind.converter(cursor)
+        # The event carries the typed value; the position keeps what the database compares.
+        replace = plan.kind.kind in ("naive", "text_datetime", "text_date")
+        sep_check = plan.kind.sep if plan.kind.kind == "text_datetime" else None
+        out: list[SourceRow] = []
+        for tup in result:
+            values = dict(zip(keys, tup, strict=True))
+            raw = values.pop(_RAW_CURSOR) if r.raw_extra else values[cursor]
+            position_cursor, event_cursor = convert(raw)
+            if replace:
+                values[cursor] = event_cursor
+            if sep_check is not None and len(raw) > 10 and raw[10] != sep_check:
+                self._warn_mixed_format(raw, sep_check)
+            deleted = False
+            if soft is not None:
+                flag = values[soft]
+                deleted = flag is not None and flag is not False and flag != 0
+            out.append(SourceRow(Position(position_cursor, {p: values[p] for p in pk_names}), values, deleted))
+        return out
+
+    def _bind(self, kind: CursorKind, after: Position) -> dict[str, Any]:
+        missing = [p for p in self._config.pk if p not in after.pk]
+        if missing:
+            raise CursorError(
+                f"the checkpoint's tiebreaker has {sorted(after.pk)} but pk is {list(self._config.pk)}",
+                hint="the pk setting changed under a checkpoint: reset the checkpoint or restore the old pk",
+            )
+        params = {"k0": kind.rebind(after.cursor)}
+        params.update({f"k{i}": after.pk[p] for i, p in enumerate(self._config.pk, start=1)})
+        return params
+
+    def _check_nulls(self, conn: sa.Connection, r: _Resolved, *, short: bool) -> bool:
+        now = time.monotonic()
+        due = self._null_checked_at is None or (short and now - self._null_checked_at >= self.NULL_CHECK_SECONDS)
+        if not due:
+            return False
+        query = sa.select(sa.func.count()).select_from(r.from_).where(r.cursor.is_(None))
+        if r.filter is not None:
+            query = query.where(r.filter)
+        self._null_count = int(conn.execute(query).scalar() or 0)
+        self._null_checked_at = now
+        if self._null_count and self._config.null_cursor == "fail":
+            raise CursorError(
+                f"{self._null_count} row(s) have a NULL in cursor column {self._config.cursor!r} (poller "
+                f"{self._config.name}); they cannot be ordered against the checkpoint",
+                hint=f"fill {self._config.cursor} (e.g. a NOT NULL DEFAULT now()), exclude the rows with filter, "
+                'or set null_cursor = "skip" to deliver the rest',
+            )
+        if self._null_count:
+            log.warning(
+                "poller %s: %d row(s) with a NULL %s are invisible to it (null_cursor = skip)",
+                self._config.name, self._null_count, self._config.cursor,
+                extra=ids(poller=self._config.name, skipped_null_cursors=self._null_count),
+            )  # fmt: skip
+        return True
+
+    # ------------------------------------------------------------------------------ errors & logs
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("poller %s: " + message, self._config.name, *args, extra=ids(poller=self._config.name))
+
+    def _warn_mixed_format(self, raw: str, sep: str) -> None:
+        self._warn_once("format", "cursor %r mixes text formats (%r does not use %r as the date/time separator); "
+                        "SQLite orders the text, so keep one format", self._config.cursor, raw, sep)  # fmt: skip
+
+    @contextmanager
+    def _db_errors(self, op: str) -> Iterator[None]:
+        """Driver errors become FetchError (retryable) or SourceError (fix the SQL), ``from`` the cause."""
+        try:
+            yield
+        except DbFanoutError:
+            raise
+        except sa.exc.DBAPIError as exc:
+            message = self._scrub(str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else repr(exc.orig))
+            transient = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or exc.connection_invalidated
+            if transient and not any(h in message.lower() for h in _PROGRAMMING_HINTS):
+                raise FetchError(f"poller {self._config.name}: {op} from {self._url} failed: {message}") from exc
+            raise SourceError(
+                f"poller {self._config.name}: {op} from {self._url} failed: {message}",
+                hint="check the poller's table/query, cursor, pk and filter settings against the database",
+            ) from exc
+        except sa.exc.TimeoutError as exc:
+            raise FetchError(f"poller {self._config.name}: {op}: no pooled connection to {self._url}") from exc
+        except sa.exc.SQLAlchemyError as exc:
+            raise SourceError(f"poller {self._config.name}: {op} from {self._url}: {self._scrub(str(exc))}") from exc
+
+    def _scrub(self, text: str) -> str:
+        password = sa.make_url(self._config.source_url).password
+        return text.replace(str(password), "***") if password else text
+
+
+def _zone(name: str | None, key: str) -> ZoneInfo | None:
+    if not name:
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(key, f"unknown time zone {name!r}", hint='use an IANA name such as "UTC"') from exc
+
+
+def _index_gap(conn: sa.Connection, table: sa.Table, wanted: list[str]) -> str | None:
+    """Why no index has ``wanted`` as its leading columns, or None when one has."""
+    inspector = sa.inspect(conn)
+    candidates = [list(ix["column_names"]) for ix in inspector.get_indexes(table.name, schema=table.schema)]
+    candidates.append(list(inspector.get_pk_constraint(table.name, schema=table.schema)["constrained_columns"]))
+    candidates += [list(u["column_names"]) for u in inspector.get_unique_constraints(table.name, schema=table.schema)]
+    if any(cols[: len(wanted)] == wanted for cols in candidates):
+        return None
+    columns = ", ".join(wanted)
+    return (
+        f"no index on {table.fullname} starts with ({columns}): every fetch scans and sorts the table; "
+        f"create one: CREATE INDEX ix_{table.name}_dbfanout ON {table.fullname} ({columns})"
+    )
