@@ -22,7 +22,7 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
     ServiceResponseError,
 )
-from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings, LinearRetry
+from azure.storage.blob import BlobClient, BlobServiceClient, ContainerClient, ContentSettings, LinearRetry
 
 from poller.lease import (
     Clock,
@@ -144,6 +144,7 @@ class BlobStateStore:
         self.poller_name = poller_name
         self.app_name = app_name
         self.blob_name = state_blob_name(app_name, poller_name)
+        self._container = container_client
         self._blob = container_client.get_blob_client(self.blob_name)
         self._clock = clock
         self._skew_margin = skew_margin
@@ -153,6 +154,14 @@ class BlobStateStore:
 
     def __repr__(self) -> str:
         return f"BlobStateStore({self._blob.container_name}/{self.blob_name})"
+
+    @property
+    def container_client(self) -> ContainerClient:
+        return self._container
+
+    @property
+    def blob_client(self) -> BlobClient:
+        return self._blob
 
     def load(self) -> Snapshot | None:
         with blob_errors("load"):
@@ -195,7 +204,7 @@ class BlobStateStore:
         """The one conditional upload: create (If-None-Match: *) or CAS (If-Match: etag)."""
         data = encode_state(doc)
         if etag is None:
-            condition: dict[str, Any] = {"etag": "*", "match_condition": MatchConditions.IfMissing}
+            condition: dict[str, Any] = {"match_condition": MatchConditions.IfMissing}  # If-None-Match: *
         else:
             condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
         with blob_errors(op):
