@@ -135,11 +135,11 @@ def classify(
 ) -> CursorKind:
     """The kind of a cursor column, from one of its values.
 
-    ``sqlite_declared`` is ``"datetime"``/``"date"`` when a SQLite table declares the column so, ``""``
+    ``sqlite_declared`` is ``"datetime"``/``"date"``/``"boolean"`` when a SQLite table declares the column so, ``""``
     for another declared type, None when unknown (query mode). Raises CursorError for a type that
     cannot be ordered safely.
     """
-    if isinstance(value, bool):
+    if isinstance(value, bool) or sqlite_declared == "boolean":
         raise CursorError(f"cursor column {column!r} is boolean: it cannot order changes")
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
@@ -179,7 +179,9 @@ def _classify_text(value: str, column: str, sqlite_declared: str | None, tz: Zon
 
 
 def sqlite_declared_kind(type_: sa.types.TypeEngine[Any]) -> str:
-    """``"datetime"``, ``"date"`` or ``""`` for a reflected SQLite column type."""
+    """``"datetime"``, ``"date"``, ``"boolean"`` or ``""`` for a reflected SQLite column type."""
+    if isinstance(type_, sa.Boolean):
+        return "boolean"
     if isinstance(type_, sa.DateTime):
         return "datetime"
     if isinstance(type_, sa.Date):
