@@ -22,6 +22,7 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
     ServiceResponseError,
 )
+from azure.identity import DefaultAzureCredential
 from azure.storage.blob import BlobClient, BlobServiceClient, ContainerClient, ContentSettings, LinearRetry
 
 from poller.lease import (
@@ -40,7 +41,9 @@ from shared.errors import (
     CommitAmbiguousError,
     CommitError,
     ConfigError,
+    DbFanoutError,
     LostLeaseError,
+    StateError,
     StateUnavailableError,
 )
 from shared.logs import get_logger, ids
@@ -66,6 +69,8 @@ DEFAULT_READ_RETRIES = 1
 _CAS_OPS = frozenset({"acquire", "heartbeat", "commit", "release", "replace"})
 #: Commit answers that may come after the write landed (timeouts on the service side).
 _AMBIGUOUS_STATUS = frozenset({408, 500, 504})
+#: Client errors that say "try again" (auth may be a token or RBAC propagation delay).
+_TRANSIENT_4XX = frozenset({401, 403, 408, 429})
 
 
 def state_blob_name(app_name: str, poller_name: str) -> str:
@@ -77,6 +82,7 @@ def _describe(exc: BaseException) -> str:
     """A one-line account of an SDK error, with any key or SAS signature redacted."""
     status = getattr(exc, "status_code", None)
     code = getattr(exc, "error_code", None)
+    code = getattr(code, "value", code)
     first = (str(exc).strip().splitlines() or [""])[0][:200]
     parts = [type(exc).__name__, f"status={status}" if status else "", f"code={code}" if code else "", first]
     return redact_url(" ".join(p for p in parts if p))
@@ -89,43 +95,42 @@ def blob_errors(op: str, window: str | None = None) -> Iterator[None]:
     * 412 / 409 / 404 on a conditional write: the blob moved under us -> LostLeaseError (W4)
     * commit without an answer (read timeout, dropped connection, 408/500/504): it may have
       landed -> CommitAmbiguousError (W5); any other commit failure -> CommitError (W1, or ``window``)
-    * anything else (unreachable, connect timeout, auth, missing container) -> StateUnavailableError
+    * anything else (unreachable, connect timeout, auth, throttling, 5xx, missing container) ->
+      StateUnavailableError (retryable); a request the service rejects as invalid (other 4xx) -> StateError
+
+    Messages carry the SDK error's type, status, code and first line, with secrets redacted.
     """
     try:
         yield
-    except ResourceNotFoundError as exc:
-        if op in _CAS_OPS and getattr(exc, "error_code", None) != "ContainerNotFound":
-            raise LostLeaseError(f"{op}: the state blob is gone ({_describe(exc)})", window="W4") from exc
-        raise StateUnavailableError(
-            f"{op}: the state container does not exist ({_describe(exc)})",
+    except AzureError as exc:
+        raise _mapped(op, window, exc) from exc
+
+
+def _mapped(op: str, window: str | None, exc: AzureError) -> DbFanoutError:
+    what = _describe(exc)
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, ResourceNotFoundError) and getattr(exc, "error_code", None) == "ContainerNotFound":
+        return StateUnavailableError(
+            f"{op}: the state container does not exist ({what})",
             hint="create the state container (open_state_store does) or fix the container name",
-        ) from exc
-    except (ResourceModifiedError, ResourceExistsError) as exc:
-        _raise_conflict(op, exc)
-    except HttpResponseError as exc:  # includes ClientAuthenticationError (401/403)
-        if exc.status_code in (409, 412) and op in _CAS_OPS:
-            _raise_conflict(op, exc)
-        if op == "commit" and exc.status_code in _AMBIGUOUS_STATUS:
-            raise CommitAmbiguousError(f"commit: no definite answer ({_describe(exc)})", window="W5") from exc
-        if op == "commit":
-            raise CommitError(f"commit failed ({_describe(exc)})", window=window or "W1") from exc
-        raise StateUnavailableError(f"{op}: state storage refused the request ({_describe(exc)})") from exc
-    except ServiceResponseError as exc:  # the request went out, the answer did not come back
-        if op == "commit":
-            raise CommitAmbiguousError(f"commit: the write may have landed ({_describe(exc)})", window="W5") from exc
-        landed = " (the write may have landed)" if op in _CAS_OPS else ""
-        raise StateUnavailableError(f"{op}: state storage did not answer{landed} ({_describe(exc)})") from exc
-    except AzureError as exc:  # ServiceRequestError (never sent), credential failures, ...
-        if op == "commit":
-            raise CommitError(f"commit: state storage unreachable ({_describe(exc)})", window=window or "W1") from exc
-        raise StateUnavailableError(f"{op}: state storage unreachable ({_describe(exc)})") from exc
-
-
-def _raise_conflict(op: str, exc: AzureError) -> None:
-    raise LostLeaseError(
-        f"{op}: the state blob changed since it was read; another owner has the lease ({_describe(exc)})",
-        window="W4",
-    ) from exc
+        )
+    conflict = isinstance(exc, ResourceModifiedError | ResourceExistsError | ResourceNotFoundError)
+    if op in _CAS_OPS and (conflict or status in (409, 412)):
+        return LostLeaseError(f"{op}: the state blob changed since it was read; the lease moved ({what})", window="W4")
+    if op == "commit":
+        if isinstance(exc, ServiceResponseError) or status in _AMBIGUOUS_STATUS:
+            # The request went out and no definite answer came back: it may have landed.
+            return CommitAmbiguousError(f"commit: the write may have landed ({what})", window="W5")
+        return CommitError(f"commit failed; nothing was written ({what})", window=window or "W1")
+    if (
+        isinstance(exc, HttpResponseError)
+        and status is not None
+        and 400 <= status < 500
+        and status not in _TRANSIENT_4XX
+    ):
+        return StateError(f"{op}: state storage rejected the request ({what})")
+    landed = " (the write may have landed)" if op in _CAS_OPS and isinstance(exc, ServiceResponseError) else ""
+    return StateUnavailableError(f"{op}: state storage unreachable or refused the request{landed} ({what})")
 
 
 class BlobStateStore:
@@ -243,8 +248,6 @@ def blob_service_client(
         except ValueError as exc:  # the message never repeats the string: it holds the account key
             raise ConfigError("storage connection", "not a valid storage connection string") from exc
     if conn.blob_service_uri:
-        from azure.identity import DefaultAzureCredential
-
         credential = DefaultAzureCredential(managed_identity_client_id=conn.client_id)
         return BlobServiceClient(conn.blob_service_uri, credential=credential, **options)
     raise ConfigError("storage connection", "needs a connection string or a blob service URI")
