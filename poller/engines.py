@@ -18,11 +18,21 @@ Per dialect:
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 
-__all__ = ["dispose_engines", "make_engine"]
+from shared.errors import DbFanoutError, FetchError, SourceError
+
+__all__ = ["db_errors", "dispose_engines", "make_engine"]
+
+# Driver messages that mean "fix the SQL", even when the driver calls them OperationalError (SQLite, MySQL).
+_PROGRAMMING_HINTS = (
+    "no such table", "no such column", "syntax error", "unknown column", "doesn't exist", "ambiguous",
+    "error in your sql syntax", "does not exist", "unrecognized token",
+)  # fmt: skip
 
 _ENGINES: dict[str, sa.Engine] = {}
 _LOCK = threading.Lock()
@@ -59,3 +69,35 @@ def dispose_engines() -> None:
         _ENGINES.clear()
     for engine in engines:
         engine.dispose()
+
+
+@contextmanager
+def db_errors(context: str, url: str) -> Iterator[None]:
+    """Driver errors become FetchError (retryable) or SourceError (fix the SQL), ``from`` the cause.
+
+    ``context`` names the poller, the operation and the *redacted* URL; the password of ``url`` is
+    scrubbed from driver messages too.
+    """
+    try:
+        yield
+    except DbFanoutError:
+        raise
+    except sa.exc.DBAPIError as exc:
+        text = str(exc.orig).strip()
+        message = _scrub(text.splitlines()[0] if text else repr(exc.orig), url)
+        transient = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or exc.connection_invalidated
+        if transient and not any(h in message.lower() for h in _PROGRAMMING_HINTS):
+            raise FetchError(f"{context} failed: {message}") from exc
+        raise SourceError(
+            f"{context} failed: {message}",
+            hint="check the poller's table/query, cursor, pk and filter settings against the database",
+        ) from exc
+    except sa.exc.TimeoutError as exc:
+        raise FetchError(f"{context}: no pooled connection became free") from exc
+    except sa.exc.SQLAlchemyError as exc:
+        raise SourceError(f"{context}: {_scrub(str(exc), url)}") from exc
+
+
+def _scrub(text: str, url: str) -> str:
+    password = sa.make_url(url).password
+    return text.replace(str(password), "***") if password else text

@@ -51,7 +51,7 @@ import sqlalchemy as sa
 from shared.errors import CursorError
 from shared.models import CursorValue
 
-__all__ = ["CursorKind", "PredicateStyle", "after_predicate", "classify", "predicate_style"]
+__all__ = ["CursorKind", "PredicateStyle", "after_predicate", "classify", "index_gap", "predicate_style"]
 
 PredicateStyle = Literal["row-value", "expanded"]
 Kind = Literal["aware", "naive", "date", "text_datetime", "text_date", "number", "float", "text", "uuid", "bytes"]
@@ -211,3 +211,22 @@ def _expanded(columns: list[sa.ColumnElement[Any]], params: list[sa.BindParamete
     if len(columns) == 1:
         return head > value
     return sa.and_(head >= value, sa.or_(head > value, _expanded(columns[1:], params[1:])))
+
+
+def index_gap(conn: sa.Connection, table: sa.Table, wanted: list[str]) -> str | None:
+    """Why no index has ``wanted`` as its leading columns, or None when one has."""
+    inspector = sa.inspect(conn)
+    candidates = [list(ix["column_names"]) for ix in inspector.get_indexes(table.name, schema=table.schema)]
+    candidates.append(list(inspector.get_pk_constraint(table.name, schema=table.schema)["constrained_columns"]))
+    try:
+        uniques = inspector.get_unique_constraints(table.name, schema=table.schema)
+    except NotImplementedError:  # pragma: no cover - dialects without unique-constraint reflection
+        uniques = []
+    candidates += [list(u["column_names"]) for u in uniques]
+    if any(cols[: len(wanted)] == wanted for cols in candidates):
+        return None
+    columns = ", ".join(wanted)
+    return (
+        f"no index on {table.fullname} starts with ({columns}): every fetch scans and sorts the table; "
+        f"create one: CREATE INDEX ix_{table.name}_dbfanout ON {table.fullname} ({columns})"
+    )

@@ -25,20 +25,26 @@ Soft deletes: a row whose ``soft_delete_column`` is not NULL, not false and not 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlalchemy as sa
 
-from poller.engines import make_engine
-from poller.keyset import CursorKind, after_predicate, classify, predicate_style, sqlite_declared_kind
+from poller.engines import db_errors, make_engine
+from poller.keyset import (
+    CursorKind,
+    after_predicate,
+    classify,
+    index_gap,
+    predicate_style,
+    sqlite_declared_kind,
+)
 from poller.ports import Page, SourceRow
 from poller.settle import mysql_timezone_probe, settle_predicate, xid_horizon
 from shared.config import PollerConfig
-from shared.errors import ConfigError, CursorError, DbFanoutError, FetchError, SourceError
+from shared.errors import ConfigError, CursorError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
 from shared.models import Position
@@ -50,12 +56,6 @@ log = get_logger("poller.source")
 
 _RAW_CURSOR = "__dbfanout_cursor"
 _SUBQUERY = "dbfanout_src"
-_PROGRAMMING_HINTS = (
-    "no such table", "no such column", "syntax error", "unknown column", "doesn't exist", "ambiguous",
-    "error in your sql syntax", "does not exist", "unrecognized token",
-)  # fmt: skip
-
-
 @dataclass(frozen=True, slots=True)
 class _Resolved:
     """The source as a FROM clause, with the expressions the keyset compares."""
@@ -132,6 +132,16 @@ class SqlSource:
         """Why fetches cannot seek an index (table mode, once resolved), or None."""
         return self._index_warning
 
+    def keyset_query(self, after: Position | None, limit: int) -> tuple[sa.Select[Any], dict[str, Any]] | None:
+        """The SELECT and parameters ``fetch`` runs (EXPLAIN tests, raw-scan benchmarks); None if empty."""
+        with self._db_errors("plan"), self._engine.connect() as conn:
+            plan = self._plan or self._make_plan(conn, self._resolve(conn))
+        if plan is None:
+            return None
+        if after is None:
+            return plan.first, {"dbf_limit": limit}
+        return plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)}
+
     def describe(self) -> dict[str, Any]:
         """What the source resolved to, for ``dbfanout validate`` (connects on first use)."""
         with self._db_errors("describe"), self._engine.connect() as conn:
@@ -190,7 +200,7 @@ class SqlSource:
                 f"{self._key}.table", f"table {self._config.table!r} does not exist in {self._url}"
             ) from None
         self._check_columns([c.name for c in table.columns], f"table {self._config.table!r}")
-        self._index_warning = _index_gap(conn, table, [self._config.cursor, *self._config.pk])
+        self._index_warning = index_gap(conn, table, [self._config.cursor, *self._config.pk])
         if self._index_warning:
             log.warning(self._index_warning, extra=ids(poller=self._config.name))
         column = table.c[self._config.cursor]
@@ -374,30 +384,8 @@ class SqlSource:
         self._warn_once("format", "cursor %r mixes text formats (%r does not use %r as the date/time separator); "
                         "SQLite orders the text, so keep one format", self._config.cursor, raw, sep)  # fmt: skip
 
-    @contextmanager
-    def _db_errors(self, op: str) -> Iterator[None]:
-        """Driver errors become FetchError (retryable) or SourceError (fix the SQL), ``from`` the cause."""
-        try:
-            yield
-        except DbFanoutError:
-            raise
-        except sa.exc.DBAPIError as exc:
-            message = self._scrub(str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else repr(exc.orig))
-            transient = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or exc.connection_invalidated
-            if transient and not any(h in message.lower() for h in _PROGRAMMING_HINTS):
-                raise FetchError(f"poller {self._config.name}: {op} from {self._url} failed: {message}") from exc
-            raise SourceError(
-                f"poller {self._config.name}: {op} from {self._url} failed: {message}",
-                hint="check the poller's table/query, cursor, pk and filter settings against the database",
-            ) from exc
-        except sa.exc.TimeoutError as exc:
-            raise FetchError(f"poller {self._config.name}: {op}: no pooled connection to {self._url}") from exc
-        except sa.exc.SQLAlchemyError as exc:
-            raise SourceError(f"poller {self._config.name}: {op} from {self._url}: {self._scrub(str(exc))}") from exc
-
-    def _scrub(self, text: str) -> str:
-        password = sa.make_url(self._config.source_url).password
-        return text.replace(str(password), "***") if password else text
+    def _db_errors(self, op: str) -> AbstractContextManager[None]:
+        return db_errors(f"poller {self._config.name}: {op} from {self._url}", self._config.source_url)
 
 
 def _zone(name: str | None, key: str) -> ZoneInfo | None:
@@ -407,18 +395,3 @@ def _zone(name: str | None, key: str) -> ZoneInfo | None:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise ConfigError(key, f"unknown time zone {name!r}", hint='use an IANA name such as "UTC"') from exc
-
-
-def _index_gap(conn: sa.Connection, table: sa.Table, wanted: list[str]) -> str | None:
-    """Why no index has ``wanted`` as its leading columns, or None when one has."""
-    inspector = sa.inspect(conn)
-    candidates = [list(ix["column_names"]) for ix in inspector.get_indexes(table.name, schema=table.schema)]
-    candidates.append(list(inspector.get_pk_constraint(table.name, schema=table.schema)["constrained_columns"]))
-    candidates += [list(u["column_names"]) for u in inspector.get_unique_constraints(table.name, schema=table.schema)]
-    if any(cols[: len(wanted)] == wanted for cols in candidates):
-        return None
-    columns = ", ".join(wanted)
-    return (
-        f"no index on {table.fullname} starts with ({columns}): every fetch scans and sorts the table; "
-        f"create one: CREATE INDEX ix_{table.name}_dbfanout ON {table.fullname} ({columns})"
-    )
