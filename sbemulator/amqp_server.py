@@ -1,0 +1,240 @@
+"""A single-threaded selector loop driving proton's protocol engine over plain TCP sockets.
+
+We own the sockets (rather than proton's reactor) so that: the port can be 0 and known before
+``start`` returns; one misbehaving connection (garbage bytes, a handler bug) is closed alone;
+and shutdown is immediate.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from proton import Collector, Condition, Connection, Transport, symbol
+
+from sbemulator.links import LinkHandler
+
+log = logging.getLogger("sbemulator.server")
+MAX_TIMEOUT = 0.5
+RECV_CHUNK = 256 * 1024
+
+
+@dataclass(eq=False)
+class _Conn:
+    sock: socket.socket
+    peer: str
+    transport: Transport
+    connection: Connection
+    collector: Collector = field(default_factory=Collector)
+    write_wanted: bool = False
+
+
+class AmqpServer:
+    """Accepts AMQP connections on ``host:port`` (0 = a free port) and runs them on one thread."""
+
+    def __init__(self, handler: LinkHandler, lock: threading.RLock, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._handler = handler
+        self._lock = lock
+        self._listener = socket.create_server((host, port), backlog=128)
+        self._listener.setblocking(False)
+        self.port: int = self._listener.getsockname()[1]
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._stopping = False
+
+    @property
+    def connection_count(self) -> int:
+        """Open client connections."""
+        return len(self._conns)
+
+    def wake(self) -> None:
+        """Make the loop run its timers/dispatch now (thread-safe)."""
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        """Ask the loop to exit (thread-safe); ``serve_forever`` closes everything."""
+        self._stopping = True
+        self.wake()
+
+    def serve_forever(self) -> None:
+        """Run until :meth:`stop`."""
+        timeout = 0.0
+        try:
+            while not self._stopping:
+                ready = self._selector.select(timeout)
+                with self._lock:
+                    for key, mask in ready:
+                        self._on_ready(key.fileobj, mask)  # type: ignore[arg-type]
+                    timeout = self._run_idle()
+                    for conn in list(self._conns.values()):
+                        self._flush(conn)
+        finally:
+            self._shutdown()
+
+    def _run_idle(self) -> float:
+        try:
+            timeout = self._handler.on_idle()
+        except Exception:
+            log.exception("timer/dispatch failed; the server keeps running")
+            timeout = MAX_TIMEOUT
+        now = time.monotonic()
+        for conn in list(self._conns.values()):
+            try:
+                deadline = conn.transport.tick(now)
+            except Exception:
+                self._close(conn, "transport tick failed")
+                continue
+            if deadline:
+                timeout = min(timeout, max(0.0, deadline - now))
+            self._process(conn)
+        return min(timeout, MAX_TIMEOUT)
+
+    def _on_ready(self, sock: socket.socket, mask: int) -> None:
+        if sock is self._listener:
+            self._accept()
+        elif sock is self._wake_r:
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except BlockingIOError:
+                pass
+        elif (conn := self._conns.get(sock)) is not None:
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+            if mask & selectors.EVENT_WRITE and sock in self._conns:
+                self._flush(conn)
+
+    def _accept(self) -> None:
+        try:
+            sock, addr = self._listener.accept()
+        except OSError:
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport = Transport(Transport.SERVER)
+        sasl = transport.sasl()
+        sasl.allow_insecure_mechs = True
+        sasl.allowed_mechs("ANONYMOUS")
+        connection = Connection()
+        conn = _Conn(sock, f"{addr[0]}:{addr[1]}", transport, connection)
+        connection.collect(conn.collector)
+        transport.bind(connection)
+        self._conns[sock] = conn
+        self._selector.register(sock, selectors.EVENT_READ, None)
+        log.debug("accepted %s", conn.peer)
+
+    def _read(self, conn: _Conn) -> None:
+        t = conn.transport
+        try:
+            capacity = t.capacity()
+            if capacity < 0:
+                self._close(conn, "transport closed its input")
+                return
+            data = conn.sock.recv(max(1, min(capacity, RECV_CHUNK)))
+            if data:
+                t.push(data)
+            else:
+                t.close_tail()
+        except BlockingIOError:
+            return
+        except Exception as exc:  # a reset socket, or bytes proton refuses
+            self._close(conn, f"read failed: {exc!r}")
+            return
+        self._process(conn)
+
+    def _process(self, conn: _Conn) -> None:
+        """Dispatch the connection's pending proton events; a handler error closes only it."""
+        collector = conn.collector
+        while (event := collector.peek()) is not None:
+            try:
+                self._handler.on_event(event)
+            except Exception:
+                log.exception("handler failed on %s for %s; closing that connection", event.type, conn.peer)
+                try:
+                    conn.connection.condition = Condition(
+                        "amqp:internal-error", "emulator handler error", {symbol("reason"): "handler"}
+                    )
+                    conn.connection.close()
+                except Exception:
+                    self._close(conn, "handler error")
+                    return
+            collector.pop()
+        if conn.transport.closed:
+            self._flush(conn)
+            self._close(conn, "transport closed")
+
+    def _flush(self, conn: _Conn) -> None:
+        if conn.sock not in self._conns:
+            return
+        t = conn.transport
+        try:
+            pending = t.pending()
+            while pending > 0:
+                sent = conn.sock.send(t.peek(pending))
+                t.pop(sent)
+                pending = t.pending()
+            if pending < 0 and t.capacity() < 0:
+                self._close(conn, "transport finished")
+                return
+        except BlockingIOError:
+            pending = 1
+        except Exception as exc:
+            self._close(conn, f"write failed: {exc!r}")
+            return
+        want = pending > 0
+        if want != conn.write_wanted:
+            conn.write_wanted = want
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+            self._selector.modify(conn.sock, events, None)
+
+    def _close(self, conn: _Conn, why: str) -> None:
+        if self._conns.pop(conn.sock, None) is None:
+            return
+        log.debug("closing %s: %s", conn.peer, why)
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        self._forget_links(conn)
+        try:
+            conn.transport.unbind()
+        except Exception:
+            pass
+        conn.collector.release()
+
+    def _forget_links(self, conn: _Conn) -> None:
+        link = conn.connection.link_head(0)
+        while link is not None:
+            try:
+                self._handler.link_gone(link)
+            except Exception:
+                log.exception("cleanup of a link failed")
+            link = link.next(0)
+        conn.connection.sb_replies = None
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            for conn in list(self._conns.values()):
+                try:
+                    conn.connection.close()
+                    self._process(conn)
+                    self._flush(conn)
+                except Exception:
+                    pass
+                self._close(conn, "emulator stopping")
+        self._selector.close()
+        self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()

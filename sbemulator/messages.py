@@ -1,0 +1,185 @@
+"""From transfer payloads to :class:`IncomingMessage`, and from stored messages to deliveries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sbemulator.codec import (
+    APP_PROPS,
+    DATA,
+    DELIVERY_ANN,
+    HEADER,
+    MESSAGE_ANN,
+    PROPERTIES,
+    CodecError,
+    Section,
+    compound_items,
+    decode_value,
+    enc_compound,
+    enc_int,
+    enc_long,
+    enc_section,
+    enc_str,
+    enc_symbol,
+    enc_timestamp,
+    enc_uint,
+    iter_values,
+    map_get,
+    skip_value,
+    split_sections,
+)
+from sbemulator.entities import IncomingMessage, StoredMessage
+
+SCHEDULED_TIME = "x-opt-scheduled-enqueue-time"
+_STAMPED = {
+    "x-opt-sequence-number",
+    "x-opt-enqueued-time",
+    "x-opt-locked-until",
+    "x-opt-message-state",
+    "x-opt-enqueue-sequence-number",
+    "x-opt-deadletter-source",
+}
+
+
+def parse_transfer(payload: bytes) -> list[IncomingMessage]:
+    """The messages in one transfer: a batch (format 0x80013700) yields one per data section.
+
+    proton does not expose the message format, so a batch is recognised by shape: no header and
+    no application properties, and every data section is itself an encoded message.
+    """
+    sections = split_sections(payload)
+    inner = _batch_members(payload, sections)
+    if inner is None:
+        return [parse_message(payload, sections)]
+    return [parse_message(m) for m in inner]
+
+
+def _batch_members(payload: bytes, sections: list[Section]) -> list[bytes] | None:
+    codes = {s.code for s in sections}
+    if DATA not in codes or HEADER in codes or APP_PROPS in codes or not codes <= {DATA, MESSAGE_ANN, PROPERTIES}:
+        return None
+    members = []
+    for s in sections:
+        if s.code != DATA:
+            continue
+        body = _binary(payload, s.value_start)
+        if len(body) < 3 or body[0] != 0 or body[1] != 0x53 or not 0x70 <= body[2] <= 0x78:
+            return None
+        try:
+            split_sections(body)
+        except CodecError:
+            return None
+        members.append(body)
+    return members
+
+
+def _binary(buf: bytes, pos: int) -> bytes:
+    c = buf[pos]
+    start = pos + (2 if c == 0xA0 else 5)
+    return buf[start : skip_value(buf, pos)]
+
+
+def parse_message(payload: bytes, sections: list[Section] | None = None) -> IncomingMessage:
+    """Extract message-id, session id (group-id), ttl and scheduled enqueue time."""
+    message_id = session_id = None
+    ttl = scheduled = None
+    for s in sections if sections is not None else split_sections(payload):
+        if s.code == PROPERTIES:
+            fields = [decode_value(payload, a)[0] for a, _ in iter_values(payload, s.value_start)]
+            message_id = _id_text(fields[0] if fields else None)
+            session_id = fields[10] if len(fields) > 10 and isinstance(fields[10], str) else None
+        elif s.code == HEADER:
+            fields = [decode_value(payload, a)[0] for a, _ in iter_values(payload, s.value_start)]
+            ttl = fields[2] / 1000.0 if len(fields) > 2 and fields[2] else None
+        elif s.code == MESSAGE_ANN:
+            ms = map_get(payload, s.value_start, SCHEDULED_TIME)
+            scheduled = ms / 1000.0 if isinstance(ms, int) else None
+    return IncomingMessage(payload, message_id, session_id, ttl, scheduled)
+
+
+def _id_text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def render(msg: StoredMessage, locked_until: float | None) -> bytes:
+    """The message as delivered: client sections plus broker header and annotations."""
+    payload = msg.payload
+    sections = split_sections(payload)
+    header = next((s for s in sections if s.code == HEADER), None)
+    stamps = [
+        ("x-opt-sequence-number", enc_long(msg.seq)),
+        ("x-opt-enqueued-time", enc_timestamp(msg.enqueued_at)),
+        ("x-opt-message-state", enc_int(int(msg.state))),
+    ]
+    if locked_until is not None:
+        stamps.append(("x-opt-locked-until", enc_timestamp(locked_until)))
+    if msg.dead_letter_source:
+        stamps.append(("x-opt-deadletter-source", enc_str(msg.dead_letter_source)))
+    if msg.scheduled_at is not None:
+        stamps.append((SCHEDULED_TIME, enc_timestamp(msg.scheduled_at)))
+    parts = [_header(payload, header, msg.delivery_count)]
+    annotations = next((s for s in sections if s.code == MESSAGE_ANN), None)
+    parts.append(_merged_map(MESSAGE_ANN, payload, annotations, stamps, enc_symbol))
+    dead_letter = msg.dead_letter_reason is not None or msg.dead_letter_description is not None
+    for s in sections:
+        if s.code in (HEADER, DELIVERY_ANN, MESSAGE_ANN):
+            continue
+        if s.code == APP_PROPS and dead_letter:
+            continue
+        if s.code > APP_PROPS and dead_letter:
+            parts.append(_dead_letter_props(payload, sections, msg))
+            dead_letter = False
+        parts.append(payload[s.start : s.end])
+    if dead_letter:
+        parts.append(_dead_letter_props(payload, sections, msg))
+    return b"".join(parts)
+
+
+def _header(buf: bytes, section: Section | None, delivery_count: int) -> bytes:
+    fields = [b"\x40"] * 5
+    if section is not None:
+        for i, (a, b) in enumerate(iter_values(buf, section.value_start)):
+            if i < 5:
+                fields[i] = buf[a:b]
+    fields[4] = enc_uint(delivery_count)
+    return enc_section(HEADER, enc_compound(0xD0, b"".join(fields), 5))
+
+
+def _merged_map(
+    code: int,
+    buf: bytes,
+    section: Section | None,
+    extra: Iterable[tuple[str, bytes]],
+    key_encoder: object,
+) -> bytes:
+    extra = list(extra)
+    replaced = {k for k, _ in extra} | (_STAMPED if code == MESSAGE_ANN else set())
+    items: list[bytes] = []
+    count = 0
+    if section is not None and compound_items(buf, section.value_start)[0]:
+        it = iter_values(buf, section.value_start)
+        for k_start, k_end in it:
+            v_start, v_end = next(it)
+            if decode_value(buf, k_start)[0] in replaced:
+                continue
+            items.append(buf[k_start:v_end])
+            count += 2
+    assert callable(key_encoder)
+    for key, value in extra:
+        items.append(key_encoder(key) + value)
+        count += 2
+    return enc_section(code, enc_compound(0xD1, b"".join(items), count))
+
+
+def _dead_letter_props(buf: bytes, sections: list[Section], msg: StoredMessage) -> bytes:
+    props = next((s for s in sections if s.code == APP_PROPS), None)
+    extra = []
+    if msg.dead_letter_reason is not None:
+        extra.append(("DeadLetterReason", enc_str(msg.dead_letter_reason)))
+    if msg.dead_letter_description is not None:
+        extra.append(("DeadLetterErrorDescription", enc_str(msg.dead_letter_description)))
+    return _merged_map(APP_PROPS, buf, props, extra, enc_str)
