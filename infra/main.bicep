@@ -204,6 +204,7 @@ module developerRoles './modules/rbac.bicep' = if (!empty(principalId)) {
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     grantKeyVault: deployKeyVault
     keyVaultName: keyVaultName
+    keyVaultSecretsWriter: true
   }
   dependsOn: [
     keyVault

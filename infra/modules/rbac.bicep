@@ -7,6 +7,7 @@
 //   Azure Service Bus Data Receiver  each queue         workers receive; the CLI peeks / replays the DLQ
 //   Monitoring Metrics Publisher     Application Insights telemetry with local auth disabled
 //   Key Vault Secrets User           Key Vault          Key Vault references for database URLs
+//   Key Vault Secrets Officer        Key Vault          developer only (keyVaultSecretsWriter): sets the URLs
 // Never Owner, Contributor or Azure Service Bus Data Owner (the offline gate rejects them).
 // Role ids are the documented built-in role definition GUIDs, written literally so that the
 // gate's checks can read them.
@@ -46,6 +47,9 @@ param grantKeyVault bool = false
 @description('Key Vault holding the database URLs (used when grantKeyVault).')
 param keyVaultName string = ''
 
+@description('With grantKeyVault: Key Vault Secrets Officer (read and write secrets, for a developer who sets the database URLs) instead of Key Vault Secrets User (read only, for the app).')
+param keyVaultSecretsWriter bool = false
+
 var roles = {
   storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
   storageBlobDataContributor: 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
@@ -54,6 +58,7 @@ var roles = {
   serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
   monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
   keyVaultSecretsUser: '4633458b-17de-408a-b874-0445c86b69e6'
+  keyVaultSecretsOfficer: 'b86a8fe4-44ce-4948-aee5-eccb2c155cd7'
 }
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
@@ -147,11 +152,21 @@ resource metricsPublisherOnAppInsights 'Microsoft.Authorization/roleAssignments@
   }
 }
 
-resource secretsUserOnVault 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (grantKeyVault) {
+resource secretsUserOnVault 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (grantKeyVault && !keyVaultSecretsWriter) {
   scope: vault
   name: guid(vault.id, principalId, roles.keyVaultSecretsUser)
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.keyVaultSecretsUser)
+    principalId: principalId
+    principalType: principalType
+  }
+}
+
+resource secretsOfficerOnVault 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (grantKeyVault && keyVaultSecretsWriter) {
+  scope: vault
+  name: guid(vault.id, principalId, roles.keyVaultSecretsOfficer)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.keyVaultSecretsOfficer)
     principalId: principalId
     principalType: principalType
   }

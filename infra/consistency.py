@@ -1,0 +1,356 @@
+"""Consistency between infra/ and dbfanout's code and config (standard library only).
+
+What the templates must agree on with the rest of the project:
+
+* app settings: every setting the code reads (DESIGN §3.3) is set by a template, with
+  identity-based values (credential = managedidentity, the identity's client id), and no key or
+  connection string is fetched anywhere (no listKeys, no SharedAccessKey, no AccountKey);
+* parameters: main.parameters.json only names parameters that main.bicep declares, and gives
+  every parameter that has no default;
+* config: every Service Bus poller in dbfanout.toml has its queue in the parameters (sessions
+  matching), a storage-queue poller turns useStorageQueues on, every ``${NAME}`` the config
+  references is provided as an app setting, the state container and connection prefixes match,
+  and each queue's duplicate detection window covers the poller's redelivery horizon;
+* roles: every role GUID written in a template is the documented built-in one, none is a
+  privileged role, and every role declared is assigned;
+* outputs: no output reads a @secure() parameter.
+
+Used by ``infra/validate.py --config`` (the gate) and by tests/infra. Each problem names the
+check, the file and what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+# What the code reads (DESIGN §3.3, shared/settings.py, shared/config.py): name -> required value
+# (None: any value). Connection prefixes follow [app] state_connection / servicebus_connection.
+REQUIRED_APP_SETTINGS: dict[str, str | None] = {
+    "AzureWebJobsStorage__blobServiceUri": None,
+    "AzureWebJobsStorage__queueServiceUri": None,
+    "AzureWebJobsStorage__credential": "managedidentity",
+    "AzureWebJobsStorage__clientId": None,
+    "DBFANOUT_STATE__blobServiceUri": None,
+    "DBFANOUT_STATE__credential": "managedidentity",
+    "DBFANOUT_STATE__clientId": None,
+    "DBFANOUT_SERVICEBUS__fullyQualifiedNamespace": None,
+    "DBFANOUT_SERVICEBUS__credential": "managedidentity",
+    "DBFANOUT_SERVICEBUS__clientId": None,
+    "DBFANOUT_CONFIG": None,
+    "APPLICATIONINSIGHTS_CONNECTION_STRING": None,
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING": None,
+}
+STATE_CONNECTION = "DBFANOUT_STATE"
+SERVICEBUS_CONNECTION = "DBFANOUT_SERVICEBUS"
+
+# Documented built-in role definition ids (learn.microsoft.com "Azure built-in roles").
+DOCUMENTED_ROLES: dict[str, str] = {
+    "storageBlobDataOwner": "b7e6dc6d-f1e8-4753-8033-0f276bb0955b",
+    "storageBlobDataContributor": "ba92f5b4-2d11-453d-a403-e96b0029c9fe",
+    "storageQueueDataContributor": "974c5e8b-45b9-4653-ba55-5f855dd0fb88",
+    "serviceBusDataSender": "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39",
+    "serviceBusDataReceiver": "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0",
+    "monitoringMetricsPublisher": "3913510d-42f4-4e42-8a64-420c390055eb",
+    "keyVaultSecretsUser": "4633458b-17de-408a-b874-0445c86b69e6",
+    "keyVaultSecretsOfficer": "b86a8fe4-44ce-4948-aee5-eccb2c155cd7",
+}
+FORBIDDEN_ROLES: dict[str, str] = {
+    "8e3af657-a8ff-443c-a75c-2fe8c4bcb635": "Owner",
+    "b24988ac-6210-42ed-a3a3-c4c7c3b5d7ae": "Contributor",
+    "090c5cfd-751d-490a-894a-3ce6f1109419": "Azure Service Bus Data Owner",
+}
+
+_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_SETTING = re.compile(r"name:\s*'(?P<name>[^'$]+)'\s*\n\s*value:\s*(?P<value>[^\n]+)")
+_PARAM = re.compile(r"^param\s+(?P<name>\w+)\s+(?P<type>\w+)(?P<default>\s*=)?", re.MULTILINE)
+_SECURE_PARAM = re.compile(r"^@secure\(\)\s*\n(?:@[^\n]*\n)*param\s+(?P<name>\w+)", re.MULTILINE)
+_OUTPUT = re.compile(r"^output\s+(?P<name>\w+)\s+\w+\s*=\s*(?P<expr>[^\n]+)", re.MULTILINE)
+_ROLE_ENTRY = re.compile(r"^\s*(?P<key>\w+):\s*'(?P<guid>" + _GUID.pattern + r")'", re.MULTILINE)
+_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$")
+_KEY_MATERIAL = re.compile(r"listKeys\(|listConnectionStrings\(|SharedAccessKey|AccountKey=|primaryKey", re.I)
+
+
+@dataclass(frozen=True)
+class Problem:
+    check: str
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"CONSISTENCY {self.check}: {self.where}: {self.message}"
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def iso_duration_seconds(text: str) -> float | None:
+    """Seconds in an ISO 8601 duration such as PT10M or P1DT2H; None if not one."""
+    m = _DURATION.match(text or "")
+    if not m or text in ("P", "PT"):
+        return None
+    d, h, mi, s = (float(m.group(g) or 0) for g in ("d", "h", "m", "s"))
+    return d * 86400 + h * 3600 + mi * 60 + s
+
+
+def _cron_field(field: str, low: int, high: int) -> set[int]:
+    values: set[int] = set()
+    for part in field.split(","):
+        step = 1
+        if "/" in part:
+            part, step_text = part.split("/", 1)
+            step = int(step_text)
+        if part in ("*", "?"):
+            start, end = low, high
+        elif "-" in part:
+            a, b = part.split("-", 1)
+            start, end = int(a), int(b)
+        else:
+            start = int(part)
+            end = high if step > 1 else start
+        values.update(range(start, end + 1, step))
+    return {v % 7 if high == 7 else v for v in values}  # day of week: 7 is Sunday too
+
+
+def ncrontab_max_interval_seconds(schedule: str) -> float:
+    """Longest gap between two firings of a six-field NCRONTAB (sec min hour day month dow)."""
+    fields = schedule.split()
+    if len(fields) != 6:
+        raise ValueError(f"NCRONTAB needs six fields, got {schedule!r}")
+    secs = sorted(_cron_field(fields[0], 0, 59))
+    mins = sorted(_cron_field(fields[1], 0, 59))
+    hours = sorted(_cron_field(fields[2], 0, 23))
+    days = _cron_field(fields[3], 1, 31)
+    months = _cron_field(fields[4], 1, 12)
+    dows = _cron_field(fields[5], 0, 7)
+    day_any, dow_any = fields[3] in ("*", "?"), fields[5] in ("*", "?")
+    start = datetime(2024, 1, 1)  # a leap year: every month length is visited
+    fires: list[datetime] = []
+    for offset in range(366 + 31):
+        day = start + timedelta(days=offset)
+        dom_ok, dow_ok = day.day in days, (day.isoweekday() % 7) in dows
+        on = dom_ok and dow_ok if (day_any or dow_any) else dom_ok or dow_ok
+        if day.month not in months or not on:
+            continue
+        fires.extend(day.replace(hour=h, minute=m, second=s) for h in hours for m in mins for s in secs)
+        if len(fires) > 200_000:  # dense schedule: a few days are plenty
+            break
+    if len(fires) < 2:
+        raise ValueError(f"schedule {schedule!r} fires less than twice a year")
+    return max((b - a).total_seconds() for a, b in zip(fires, fires[1:], strict=False))
+
+
+def redelivery_horizon_seconds(poller: dict[str, Any]) -> float:
+    """Latest re-send of a batch whose commit failed (W1) or was ambiguous (W5), from its first send:
+    the lease must expire, the next tick must fire, and that tick may run its whole budget."""
+    lease = float(poller.get("lease_ttl_seconds", 120))
+    budget = float(poller.get("tick_budget_seconds") or lease * 2 / 3)
+    interval = ncrontab_max_interval_seconds(str(poller.get("schedule", "*/5 * * * * *")))
+    return lease + interval + budget
+
+
+WINDOW_MARGIN = 2.0
+
+
+def _bicep_files(infra: Path) -> list[Path]:
+    return sorted(p for p in infra.rglob("*.bicep") if p.is_file())
+
+
+def _rel(path: Path, infra: Path) -> str:
+    try:
+        return str(path.relative_to(infra.parent))
+    except ValueError:
+        return str(path)
+
+
+def _param_default(main_text: str, name: str) -> str | None:
+    m = re.search(rf"^param\s+{name}\s+\w+\s*=\s*'([^']*)'", main_text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+# ----------------------------------------------------------------------------------------- checks
+
+
+def check_app_settings(infra: Path) -> list[Problem]:
+    problems: list[Problem] = []
+    settings: dict[str, str] = {}
+    for path in _bicep_files(infra):
+        for m in _SETTING.finditer(path.read_text(encoding="utf-8")):
+            settings.setdefault(m.group("name"), m.group("value").strip())
+    for name, required in REQUIRED_APP_SETTINGS.items():
+        if name not in settings:
+            problems.append(Problem("app-settings", "infra/", f"no template sets the app setting {name}"))
+        elif required is not None and settings[name] != f"'{required}'":
+            problems.append(
+                Problem("app-settings", "infra/", f"{name} = {settings[name]}, expected '{required}'")
+            )
+    for name, value in settings.items():
+        if name.endswith("__clientId") and "ClientId" not in value and "clientId" not in value:
+            problems.append(Problem("app-settings", "infra/", f"{name} = {value}: not the identity's client id"))
+    auth = settings.get("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", "")
+    if auth and ("Authorization=AAD" not in auth or "ClientId=" not in auth):
+        problems.append(
+            Problem("app-settings", "infra/", "APPLICATIONINSIGHTS_AUTHENTICATION_STRING must be "
+                    "'ClientId=<identity client id>;Authorization=AAD'")
+        )
+    for path in _bicep_files(infra):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.lstrip().startswith("//") and _KEY_MATERIAL.search(line):
+                problems.append(
+                    Problem("keys", f"{_rel(path, infra)}:{n}", "reads key material; use identity-based settings")
+                )
+    return problems
+
+
+def check_parameters(infra: Path) -> list[Problem]:
+    main = infra / "main.bicep"
+    params_file = infra / "main.parameters.json"
+    text = main.read_text(encoding="utf-8")
+    declared = {m.group("name"): bool(m.group("default")) for m in _PARAM.finditer(text)}
+    try:
+        given = json.loads(params_file.read_text(encoding="utf-8"))["parameters"]
+    except (OSError, ValueError, KeyError) as exc:
+        return [Problem("parameters", _rel(params_file, infra), f"cannot read parameters: {exc}")]
+    problems = [
+        Problem("parameters", _rel(params_file, infra), f"parameter {name} is not declared in main.bicep")
+        for name in given
+        if name not in declared
+    ]
+    problems += [
+        Problem("parameters", _rel(params_file, infra), f"main.bicep parameter {name} has no default and no value")
+        for name, has_default in declared.items()
+        if not has_default and name not in given
+    ]
+    return problems
+
+
+def _parameter_values(infra: Path) -> dict[str, Any]:
+    try:
+        given = json.loads((infra / "main.parameters.json").read_text(encoding="utf-8"))["parameters"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {k: v.get("value") for k, v in given.items() if isinstance(v, dict)}
+
+
+def check_config(infra: Path, config_path: Path) -> list[Problem]:
+    """The parameters serve every poller in one dbfanout.toml."""
+    where = str(config_path)
+    try:
+        cfg = tomllib.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        return [Problem("config", where, f"cannot read config: {exc}")]
+    main_text = (infra / "main.bicep").read_text(encoding="utf-8")
+    values = _parameter_values(infra)
+    app = cfg.get("app", {})
+    pollers: dict[str, dict[str, Any]] = cfg.get("pollers", {})
+    queues = {q.get("name"): q for q in values.get("queues") or [] if isinstance(q, dict)}
+    default_window = values.get("duplicateDetectionHistoryTimeWindow") or _param_default(
+        main_text, "duplicateDetectionHistoryTimeWindow"
+    )
+    provided = {s.get("name") for s in values.get("databaseUrlSettings") or [] if isinstance(s, dict)}
+    provided |= set((values.get("additionalAppSettings") or {}).keys())
+    provided |= set(REQUIRED_APP_SETTINGS)
+    problems: list[Problem] = []
+
+    state_container = values.get("stateContainerName") or _param_default(main_text, "stateContainerName")
+    if app.get("state_container", "db-state") != state_container:
+        problems.append(Problem("state-container", where, f"[app] state_container = "
+                                f"{app.get('state_container', 'db-state')!r} but the template creates {state_container!r}"))
+    for key, prefix in (("state_connection", STATE_CONNECTION), ("servicebus_connection", SERVICEBUS_CONNECTION)):
+        if app.get(key, prefix) != prefix:
+            problems.append(Problem("connections", where, f"[app] {key} = {app.get(key)!r}; the template sets "
+                                    f"{prefix}__* settings: use {prefix!r}"))
+
+    for name, poller in pollers.items():
+        key = f"pollers.{name}"
+        transport = poller.get("transport", "servicebus")
+        if transport == "storage-queue":
+            if values.get("useStorageQueues") is not True:
+                problems.append(Problem("storage-queues", where, f"{key} uses transport = 'storage-queue': "
+                                        "set useStorageQueues = true in main.parameters.json"))
+        else:
+            queue = queues.get(poller.get("queue"))
+            if queue is None:
+                problems.append(Problem("queues", where, f"{key}.queue = {poller.get('queue')!r} has no entry in "
+                                        "the queues parameter of main.parameters.json"))
+            else:
+                problems += _check_queue(where, key, poller, queue, default_window)
+        for field, value in poller.items():
+            for ref in _REF.findall(value) if isinstance(value, str) else ():
+                if ref not in provided:
+                    problems.append(Problem("db-urls", where, f"{key}.{field} references ${{{ref}}} but no app "
+                                            f"setting {ref} is provided: add {{name: '{ref}', secretName: ...}} "
+                                            "to databaseUrlSettings"))
+    return problems
+
+
+def _check_queue(where: str, key: str, poller: dict[str, Any], queue: dict[str, Any],
+                 default_window: str | None) -> list[Problem]:
+    problems: list[Problem] = []
+    if queue.get("requiresDuplicateDetection") is False:
+        problems.append(Problem("queues", where, f"queue {queue['name']!r} turns duplicate detection off"))
+    if bool(queue.get("requiresSession", False)) != bool(poller.get("sessions", False)):
+        problems.append(Problem("sessions", where, f"{key}.sessions = {bool(poller.get('sessions', False))} but "
+                                f"queue {queue['name']!r} has requiresSession = {queue.get('requiresSession', False)}"))
+    window_text = queue.get("duplicateDetectionHistoryTimeWindow") or default_window or ""
+    window = iso_duration_seconds(window_text)
+    try:
+        need = WINDOW_MARGIN * redelivery_horizon_seconds(poller)
+    except ValueError as exc:
+        return [*problems, Problem("dup-window", where, f"{key}.schedule: {exc}")]
+    if window is None:
+        problems.append(Problem("dup-window", where, f"queue {queue['name']!r}: duplicate detection window "
+                                f"{window_text!r} is not an ISO 8601 duration"))
+    elif window < need:
+        problems.append(Problem("dup-window", where, f"queue {queue['name']!r}: duplicate detection window "
+                                f"{window_text} ({window:.0f} s) < {WINDOW_MARGIN:g} x (lease_ttl + schedule "
+                                f"interval + tick budget) = {need:.0f} s for {key}; raise "
+                                "duplicateDetectionHistoryTimeWindow"))
+    return problems
+
+
+def check_roles(infra: Path) -> list[Problem]:
+    problems: list[Problem] = []
+    known = {guid: name for name, guid in DOCUMENTED_ROLES.items()}
+    for path in _bicep_files(infra):
+        text = path.read_text(encoding="utf-8")
+        where = _rel(path, infra)
+        for guid in {g.lower() for g in _GUID.findall(text)}:
+            if guid in FORBIDDEN_ROLES:
+                problems.append(Problem("roles", where, f"grants {FORBIDDEN_ROLES[guid]} ({guid})"))
+            elif guid not in known:
+                problems.append(Problem("roles", where, f"{guid} is not a documented built-in role dbfanout uses"))
+        for m in _ROLE_ENTRY.finditer(text):
+            key, guid = m.group("key"), m.group("guid").lower()
+            if key in DOCUMENTED_ROLES and DOCUMENTED_ROLES[key] != guid:
+                problems.append(Problem("roles", where, f"{key} = {guid}, documented id is {DOCUMENTED_ROLES[key]}"))
+            if guid in known and not re.search(rf"roleDefinitions'\s*,\s*roles\.{key}\)", text):
+                problems.append(Problem("roles", where, f"role {key} is declared but never assigned"))
+    return problems
+
+
+def check_outputs(infra: Path) -> list[Problem]:
+    problems: list[Problem] = []
+    for path in _bicep_files(infra):
+        text = path.read_text(encoding="utf-8")
+        secure = {m.group("name") for m in _SECURE_PARAM.finditer(text)}
+        for m in _OUTPUT.finditer(text):
+            used = {w for w in re.findall(r"\b\w+\b", m.group("expr")) if w in secure}
+            if used:
+                problems.append(Problem("outputs", _rel(path, infra), f"output {m.group('name')} reads the "
+                                        f"@secure() parameter {', '.join(sorted(used))}"))
+    return problems
+
+
+def check_all(infra: Path, configs: Iterable[Path] = ()) -> list[Problem]:
+    problems = check_app_settings(infra) + check_parameters(infra) + check_roles(infra) + check_outputs(infra)
+    for config in configs:
+        problems += check_config(infra, config)
+    return problems
