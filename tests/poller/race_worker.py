@@ -36,7 +36,7 @@ def main() -> None:
 
     real_commit = store.commit
 
-    def logged_commit(snap, checkpoint: Checkpoint, ttl=None):  # type: ignore[no-untyped-def]
+    def logged_commit(snap, checkpoint: Checkpoint, ttl=None):
         new = real_commit(snap, checkpoint, ttl)
         pos = checkpoint.position
         out.write(
