@@ -7,6 +7,7 @@ and shutdown is immediate.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import selectors
 import socket
@@ -57,10 +58,8 @@ class AmqpServer:
 
     def wake(self) -> None:
         """Make the loop run its timers/dispatch now (thread-safe)."""
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
 
     def stop(self) -> None:
         """Ask the loop to exit (thread-safe); ``serve_forever`` closes everything."""
@@ -181,7 +180,7 @@ class AmqpServer:
         try:
             pending = t.pending()
             while pending > 0:
-                sent = conn.sock.send(t.peek(pending))
+                sent = conn.sock.send(t.peek(pending) or b"")
                 t.pop(sent)
                 pending = t.pending()
             if pending < 0 and t.capacity() < 0:
@@ -202,16 +201,12 @@ class AmqpServer:
         if self._conns.pop(conn.sock, None) is None:
             return
         log.debug("closing %s: %s", conn.peer, why)
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
         conn.sock.close()
         self._forget_links(conn)
-        try:
+        with contextlib.suppress(Exception):
             conn.transport.unbind()
-        except Exception:
-            pass
         conn.collector.release()
 
     def _forget_links(self, conn: _Conn) -> None:

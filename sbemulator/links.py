@@ -87,30 +87,30 @@ class LinkHandler:
     # ---- events ----------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
         """Handle one proton event."""
-        etype = event.type
+        etype: Any = event.type
+        link: Any = event.link
         if etype == Event.CONNECTION_REMOTE_OPEN:
-            event.connection.open()
+            event.connection.open()  # type: ignore[union-attr]
         elif etype == Event.SESSION_REMOTE_OPEN:
-            event.session.open()
+            event.session.open()  # type: ignore[union-attr]
         elif etype == Event.LINK_REMOTE_OPEN:
-            self._attach(event.link)
+            self._attach(link)
         elif etype == Event.LINK_FLOW:
-            role = _role(event.link)
+            role = _role(link)
             if isinstance(role, Consumer):
                 self._pump(role)
         elif etype == Event.DELIVERY:
-            link = event.link
             if link.is_receiver:
-                self._incoming(link, event.delivery)
+                self._incoming(link, event.delivery)  # type: ignore[arg-type]
             else:
-                self._settle(link, event.delivery)
+                self._settle(link, event.delivery)  # type: ignore[arg-type]
         elif etype == Event.LINK_REMOTE_CLOSE:
-            self.link_gone(event.link)
-            event.link.close()
+            self.link_gone(link)
+            link.close()
         elif etype == Event.SESSION_REMOTE_CLOSE:
-            event.session.close()
+            event.session.close()  # type: ignore[union-attr]
         elif etype == Event.CONNECTION_REMOTE_CLOSE:
-            event.connection.close()
+            event.connection.close()  # type: ignore[union-attr]
 
     def link_gone(self, link: Link) -> None:
         """Forget a link (detached, or its connection vanished). Message locks stay until expiry."""
@@ -315,7 +315,7 @@ class LinkHandler:
                 break
             token = d.lock_token
             # The SDK reads the lock token as uuid.UUID(bytes_le=delivery_tag).
-            dlv = link.delivery((token or uuid.uuid4()).bytes_le)
+            dlv = link.delivery((token or uuid.uuid4()).bytes_le)  # type: ignore[arg-type]
             link.send(render(d.message, d.locked_until if token else None))
             link.advance()
             if token is None:
@@ -374,7 +374,7 @@ def _filters(link: Link) -> dict[Any, Any]:
     data.rewind()
     if not data.next():
         return {}
-    value = data.get_object()
+    value: Any = data.get_object()
     return dict(value) if isinstance(value, dict) else {}
 
 
@@ -382,6 +382,7 @@ def _info(condition: Condition | None) -> dict[str, str | None]:
     if condition is None or not condition.info:
         return {}
     out: dict[str, str | None] = {}
-    for key, value in dict(condition.info).items():
+    info: Any = condition.info
+    for key, value in dict(info).items():
         out[str(key)] = None if value is None else str(value)
     return out

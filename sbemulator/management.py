@@ -14,13 +14,15 @@ from sbemulator.messages import parse_message, render
 from sbemulator.queue import Queue
 
 Body = dict[str, Any]
+_UNDESCRIBED: Any = UNDESCRIBED
 Op = Callable[[Queue, Mapping[str, Any], float], "Body | None"]
 _NO_CONTENT = None  # an op returning None answers 204
 
 
 def handle_request(broker: Broker, entity: EntityPath, request: Message) -> Message:
     """Run one management request and build its reply (never raises)."""
-    op_name = str((request.properties or {}).get("operation", ""))
+    props: dict[Any, Any] = dict(request.properties or {})
+    op_name = str(props.get("operation", ""))
     reply = Message(correlation_id=request.id, address=request.reply_to)
     try:
         op = _OPS.get(op_name)
@@ -28,10 +30,10 @@ def handle_request(broker: Broker, entity: EntityPath, request: Message) -> Mess
             raise InvalidOperationError(f"management operation {op_name!r} is not supported by the emulator")
         body = op(broker.queue(entity), _normalise(request.body), broker.clock())
         status, description = (200, "OK") if body is not None else (204, "No Content")
-        reply.properties = {"statusCode": status, "statusDescription": description}
+        reply.properties = {"statusCode": status, "statusDescription": description}  # type: ignore[assignment]
         reply.body = body if body is not None else {}
     except BrokerError as exc:
-        reply.properties = {
+        reply.properties = {  # type: ignore[assignment]
             "statusCode": exc.status_code,
             "statusDescription": str(exc),
             "errorCondition": symbol(exc.condition),
@@ -45,7 +47,7 @@ def _normalise(body: object) -> dict[str, Any]:
         return {}
     out = {}
     for key, value in body.items():
-        name = key.decode() if isinstance(key, bytes | memoryview) else str(key)
+        name = bytes(key).decode() if isinstance(key, bytes | memoryview) else str(key)
         out[name] = bytes(value) if isinstance(value, memoryview) else value
     return out
 
@@ -56,7 +58,7 @@ def _tokens(body: Mapping[str, Any]) -> list[uuid.UUID]:
 
 def _renew_lock(q: Queue, body: Mapping[str, Any], now: float) -> Body:
     expirations = [timestamp(round(q.renew(t, now) * 1000)) for t in _tokens(body)]
-    return {"expirations": Array(UNDESCRIBED, Data.TIMESTAMP, *expirations)}
+    return {"expirations": Array(_UNDESCRIBED, Data.TIMESTAMP, *expirations)}
 
 
 def _peek(q: Queue, body: Mapping[str, Any], now: float) -> Body | None:
@@ -104,7 +106,7 @@ def _schedule(q: Queue, body: Mapping[str, Any], now: float) -> Body:
         q.check_size(len(payload))
         seq = q.enqueue(incoming, now)
         seqs.append(seq if seq is not None else 0)
-    return {"sequence-numbers": Array(UNDESCRIBED, Data.LONG, *seqs)}
+    return {"sequence-numbers": Array(_UNDESCRIBED, Data.LONG, *seqs)}
 
 
 def _cancel(q: Queue, body: Mapping[str, Any], now: float) -> Body:
@@ -140,7 +142,7 @@ def _list_sessions(q: Queue, body: Mapping[str, Any], now: float) -> Body | None
     page = ids[skip : skip + top]
     if not page:
         return _NO_CONTENT
-    return {"skip": skip + len(page), "sessions-ids": Array(UNDESCRIBED, Data.STRING, *page)}
+    return {"skip": skip + len(page), "sessions-ids": Array(_UNDESCRIBED, Data.STRING, *page)}
 
 
 _OPS: dict[str, Op] = {

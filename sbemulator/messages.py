@@ -162,8 +162,8 @@ def _merged_map(
     count = 0
     if section is not None and compound_items(buf, section.value_start)[0]:
         it = iter_values(buf, section.value_start)
-        for k_start, k_end in it:
-            v_start, v_end = next(it)
+        for k_start, _ in it:
+            _, v_end = next(it)
             if decode_value(buf, k_start)[0] in replaced:
                 continue
             items.append(buf[k_start:v_end])

@@ -149,7 +149,7 @@ def _message(row: tuple[object, ...]) -> StoredMessage:
         session_id=session_id,  # type: ignore[arg-type]
         enqueued_at=float(enqueued_at),  # type: ignore[arg-type]
         expires_at=float(expires_at),  # type: ignore[arg-type]
-        state=MessageState(state),
+        state=MessageState(state),  # type: ignore[arg-type]
         delivery_count=int(delivery_count),  # type: ignore[call-overload]
         scheduled_at=scheduled_at,  # type: ignore[arg-type]
         ttl=ttl,  # type: ignore[arg-type]

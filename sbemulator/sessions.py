@@ -59,7 +59,8 @@ class SessionTable:
     def check(self, session_id: str, owner: object | None, now: float) -> SessionRecord:
         """The record, if ``owner`` (None: any live holder) holds its lock; else SessionLockLostError."""
         rec = self.records.get(session_id)
-        if rec is None or rec.owner is None or rec.locked_until <= now or (owner is not None and rec.owner is not owner):
+        held = rec is not None and rec.owner is not None and rec.locked_until > now
+        if rec is None or not held or (owner is not None and rec.owner is not owner):
             raise SessionLockLostError(
                 f"The session lock for '{session_id}' has expired or is held by another receiver; accept it again."
             )
