@@ -33,10 +33,12 @@ from shared.models import (
 
 __all__ = [
     "decode_batch",
+    "decode_event",
     "decode_state",
     "decode_value",
     "dumps",
     "encode_batch",
+    "encode_event",
     "encode_state",
     "encode_value",
     "loads",
@@ -362,7 +364,8 @@ def encode_batch(batch: Batch, events: tuple[RowChange, ...] | None = None) -> b
     )
 
 
-def _decode_event(raw: Any, poller: str) -> RowChange:
+def decode_event(raw: Any, poller: str) -> RowChange:
+    """Decode one event object of an envelope (inverse of :func:`encode_event`)."""
     if not isinstance(raw, dict):
         raise EnvelopeError("each event must be a JSON object")
     missing = [k for k in ("event_id", "op", "pk", "cursor") if k not in raw]
@@ -413,5 +416,5 @@ def decode_batch(data: bytes | str) -> Batch:
         poller=poller,
         batch_id=batch_id,
         source_fingerprint=fingerprint,
-        events=tuple(_decode_event(e, poller) for e in events),
+        events=tuple(decode_event(e, poller) for e in events),
     )

@@ -122,7 +122,7 @@ class StateError(DbFanoutError):
 
 
 class StateUnavailableError(StateError):
-    """Raised when the state store cannot be reached; nothing was changed."""
+    """Raised when the state store cannot be reached; a timed-out write may still have landed."""
 
     retryable = True
 

@@ -66,3 +66,13 @@ def engine_for() -> Iterator[object]:
     yield make
     for e in engines:
         e.dispose()
+
+
+@pytest.fixture(scope="session")
+def servicebus() -> Iterator[object]:
+    """The project's Service Bus emulator on a free port; tests create their own queues."""
+    from sbemulator import EmulatorConfig
+    from sbemulator.testing import running_emulator
+
+    with running_emulator(EmulatorConfig()) as emulator:
+        yield emulator
