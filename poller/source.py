@@ -64,8 +64,8 @@ class _Resolved:
     from_: sa.FromClause
     cursor: sa.ColumnElement[Any]  # as compared (raw text on SQLite)
     pk: tuple[sa.ColumnElement[Any], ...]
-    columns: tuple[sa.ColumnElement[Any], ...]  # what a page selects
-    raw_extra: bool  # the compared cursor is selected as an extra column (_RAW_CURSOR)
+    columns: tuple[sa.ColumnElement[Any], ...]  # what a page selects (typed)
+    raw_extra: bool  # SQLite: the compared cursor is also selected, raw, as _RAW_CURSOR
     sqlite_declared: str | None
     filter: sa.ColumnElement[bool] | None
 
@@ -210,12 +210,11 @@ class SqlSource:
         sqlite = self._dialect == "sqlite"
         # On SQLite the cursor is compared, ordered and checkpointed as the raw stored value.
         cursor = sa.type_coerce(column, sa.String()) if sqlite else column
-        columns = (*table.columns, cursor.label(_RAW_CURSOR)) if sqlite else tuple(table.columns)
         return _Resolved(
             from_=table,
             cursor=cursor,
             pk=tuple(table.c[p] for p in self._config.pk),
-            columns=columns,
+            columns=tuple(table.columns),
             raw_extra=sqlite,
             sqlite_declared=sqlite_declared_kind(column.type) if sqlite else None,
             filter=self._filter(),
@@ -263,7 +262,11 @@ class SqlSource:
         keys = [r.cursor, *r.pk]
         params = [sa.bindparam(f"k{i}", type_=k.type) for i, k in enumerate(keys)]
         seek = after_predicate(keys, params, predicate_style(self._dialect))
-        select = sa.select(*r.columns).select_from(r.from_).order_by(*keys).limit(sa.bindparam("dbf_limit"))
+        columns = r.columns
+        if r.raw_extra:  # the compared (raw) cursor rides along; a text timestamp is not parsed twice
+            text = kind.kind in ("text_datetime", "text_date")
+            columns = (*(c for c in columns if not (text and c is r.from_.c[cfg.cursor])), r.cursor.label(_RAW_CURSOR))
+        select = sa.select(*columns).select_from(r.from_).order_by(*keys).limit(sa.bindparam("dbf_limit"))
         self._plan = _Plan(
             kind=kind,
             first=select.where(r.cursor.is_not(None), *base),
@@ -319,26 +322,32 @@ class SqlSource:
         else:
             result = conn.execute(plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)})
         keys = list(result.keys())
-        cursor, pk_names, soft = cfg.cursor, cfg.pk, cfg.soft_delete_column
-        convert = plan.kind.converter(cursor)
+        tuples = result.all()  # one fetchall: per-row fetchone costs as much as the query
+        cursor, pk_names, soft, raw_extra = cfg.cursor, cfg.pk, cfg.soft_delete_column, r.raw_extra
         # The event carries the typed value; the position keeps what the database compares.
-        replace = plan.kind.kind in ("naive", "text_datetime", "text_date")
-        sep_check = plan.kind.sep if plan.kind.kind == "text_datetime" else None
+        convert = plan.kind.converter(cursor) if plan.kind.kind in ("naive", "text_datetime", "text_date") else None
         out: list[SourceRow] = []
-        for tup in result:
-            values = dict(zip(keys, tup, strict=True))
-            raw = values.pop(_RAW_CURSOR) if r.raw_extra else values[cursor]
-            position_cursor, event_cursor = convert(raw)
-            if replace:
-                values[cursor] = event_cursor
-            if sep_check is not None and len(raw) > 10 and raw[10] != sep_check:
-                self._warn_mixed_format(raw, sep_check)
+        append = out.append
+        for tup in tuples:
+            values = dict(zip(keys, tup))  # noqa: B905 - keys come from this very result
+            raw = values.pop(_RAW_CURSOR) if raw_extra else values[cursor]
+            if convert is not None:
+                raw, values[cursor] = convert(raw)
             deleted = False
             if soft is not None:
                 flag = values[soft]
                 deleted = flag is not None and flag is not False and flag != 0
-            out.append(SourceRow(Position(position_cursor, {p: values[p] for p in pk_names}), values, deleted))
+            append(SourceRow(Position(raw, {p: values[p] for p in pk_names}), values, deleted))
+        if plan.kind.kind == "text_datetime" and out:
+            self._check_text_format(out, plan.kind.sep)
         return out
+
+    def _check_text_format(self, rows: list[SourceRow], sep: str) -> None:
+        for row in rows:
+            raw = row.position.cursor
+            if isinstance(raw, str) and len(raw) > 10 and raw[10] != sep:
+                self._warn_mixed_format(raw, sep)
+                return
 
     def _bind(self, kind: CursorKind, after: Position) -> dict[str, Any]:
         missing = [p for p in self._config.pk if p not in after.pk]
