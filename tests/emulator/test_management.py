@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusMessageState
@@ -42,7 +42,7 @@ def test_renew_lock_on_expired_lock_raises_lock_lost(client: ServiceBusClient, m
         (again,) = receiver.receive_messages(1, max_wait_time=5)
         assert again.delivery_count == 1
         # When the old lock is renewed; Then MessageLockLostError
-        m._locked_until_utc = datetime.now(timezone.utc) + timedelta(minutes=1)  # bypass the SDK's own check
+        m._locked_until_utc = datetime.now(UTC) + timedelta(minutes=1)  # bypass the SDK's own check
         with pytest.raises(MessageLockLostError):
             receiver.renew_message_lock(m)
         receiver.complete_message(again)
@@ -95,7 +95,7 @@ def test_deferred_message_can_be_dead_lettered(client: ServiceBusClient, queue: 
 def test_scheduled_message_appears_at_its_time(client: ServiceBusClient, queue: str):
     # Given a message scheduled 2 s ahead
     with client.get_queue_sender(queue) as sender:
-        when = datetime.now(timezone.utc) + timedelta(seconds=2)
+        when = datetime.now(UTC) + timedelta(seconds=2)
         (seq,) = sender.schedule_messages(ServiceBusMessage("tick"), when)
         assert seq >= 1
     with client.get_queue_receiver(queue, max_wait_time=1) as receiver:
@@ -105,7 +105,7 @@ def test_scheduled_message_appears_at_its_time(client: ServiceBusClient, queue: 
         assert peeked.state == ServiceBusMessageState.SCHEDULED
         # When waiting; Then it arrives no earlier than its time
         (m,) = receiver.receive_messages(1, max_wait_time=10)
-        assert datetime.now(timezone.utc) >= when - timedelta(milliseconds=100)
+        assert datetime.now(UTC) >= when - timedelta(milliseconds=100)
         assert m.sequence_number == seq
         receiver.complete_message(m)
 
@@ -113,7 +113,7 @@ def test_scheduled_message_appears_at_its_time(client: ServiceBusClient, queue: 
 def test_cancelled_scheduled_message_never_arrives(client: ServiceBusClient, queue: str, emulator: Emulator):
     # Given a message scheduled 1 s ahead
     with client.get_queue_sender(queue) as sender:
-        (seq,) = sender.schedule_messages(ServiceBusMessage("no"), datetime.now(timezone.utc) + timedelta(seconds=1))
+        (seq,) = sender.schedule_messages(ServiceBusMessage("no"), datetime.now(UTC) + timedelta(seconds=1))
         # When it is cancelled
         sender.cancel_scheduled_messages(seq)
     # Then the queue is empty, also after its time
@@ -125,11 +125,11 @@ def test_cancelled_scheduled_message_never_arrives(client: ServiceBusClient, que
 def test_scheduling_through_the_message_property(client: ServiceBusClient, queue: str):
     # Given a message with scheduled_enqueue_time_utc 1 s ahead, sent normally
     with client.get_queue_sender(queue) as sender:
-        when = datetime.now(timezone.utc) + timedelta(seconds=1)
+        when = datetime.now(UTC) + timedelta(seconds=1)
         sender.send_messages(ServiceBusMessage("s", scheduled_enqueue_time_utc=when))
     # When receiving; Then it arrives after its time
     (m,) = drain(client, queue, 1)
-    assert datetime.now(timezone.utc) >= when - timedelta(milliseconds=100)
+    assert datetime.now(UTC) >= when - timedelta(milliseconds=100)
     assert str(m) == "s"
 
 
