@@ -76,7 +76,9 @@ def engine(any_db_url: str) -> Iterator[sa.Engine]:
     eng.dispose()
 
 
-def create(engine: sa.Engine, name: str, *columns: sa.Column[Any], rows: Sequence[dict[str, Any]] = ()) -> sa.Table:
+def create(
+    engine: sa.Engine, name: str, *columns: sa.schema.SchemaItem, rows: Sequence[dict[str, Any]] = ()
+) -> sa.Table:
     """Create a table (dropped at teardown when made through the ``engine`` fixture) and insert rows."""
     md = sa.MetaData()
     table = sa.Table(name, md, *columns)

@@ -8,7 +8,7 @@ the two commits moves the checkpoint past A's cursor.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import sqlalchemy as sa
@@ -68,7 +68,7 @@ def _poll_until(source: SqlSource, after: Position | None, want: int, deadline_s
     return rows
 
 
-def _labels(rows: list[SourceRow]) -> list[str]:
+def _labels(rows: Sequence[SourceRow]) -> list[str]:
     return [r.values["label"] for r in rows]
 
 

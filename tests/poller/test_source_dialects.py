@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+from collections.abc import Sequence
 from decimal import Decimal
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -21,13 +23,13 @@ __all__ = ["engine"]  # the fixture, re-exported for pytest
 pytestmark = pytest.mark.integration
 
 
-def _tied_rows(n: int, ties: int, seed: int = 7) -> list[dict[str, object]]:
+def _tied_rows(n: int, ties: int, seed: int = 7) -> list[dict[str, Any]]:
     rows = [{"id": i, "c": i // ties, "note": f"r{i}"} for i in range(1, n + 1)]
     random.Random(seed).shuffle(rows)  # insertion order must not matter
     return rows
 
 
-def _int_table(engine: sa.Engine, rows: list[dict[str, object]], **extra: sa.Column[object]) -> str:
+def _int_table(engine: sa.Engine, rows: Sequence[dict[str, Any]], **extra: sa.Column[Any]) -> str:
     name = unique_name()
     create(
         engine,
@@ -123,7 +125,7 @@ def test_null_cursor_rows_are_skipped_counted_and_never_wedge(
 
 
 def test_null_cursor_fail_policy_raises_a_cursor_error_naming_the_column(engine: sa.Engine) -> None:
-    rows = [{"id": 1, "c": 5, "note": ""}, {"id": 2, "c": None, "note": ""}]
+    rows: list[dict[str, Any]] = [{"id": 1, "c": 5, "note": ""}, {"id": 2, "c": None, "note": ""}]
     source = SqlSource(poller_config(str(engine.url), table=_int_table(engine, rows), null_cursor="fail"), engine)
     with pytest.raises(CursorError, match=r"1 row\(s\) have a NULL in cursor column 'c'") as err:
         source.fetch(None, 10)

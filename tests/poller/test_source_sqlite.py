@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from poller.engines import dispose_engines, make_engine
+from poller.ports import SourceRow
 from poller.source import SqlSource
 from shared.codec import decode_position, encode_position
 from shared.errors import ConfigError, CursorError
@@ -69,7 +70,8 @@ def test_mixed_precision_text_timestamps_are_all_delivered_across_batch_boundari
     cfg = poller_config(str(db.url), cursor_timezone="UTC")
     # When paging two rows at a time (so a boundary falls inside the tie), resuming each page from a
     # checkpoint that went through the state blob codec, as a new process would
-    delivered, after = [], None
+    delivered: list[SourceRow] = []
+    after = None
     while page := SqlSource(cfg, db).fetch(after, 2).rows:
         delivered.extend(page)
         after = decode_position(encode_position(page[-1].position))
@@ -214,7 +216,7 @@ def test_fingerprint_is_stable_and_never_contains_the_password() -> None:
 def test_engines_are_pooled_per_url_and_disposed_on_shutdown(sqlite_url: str) -> None:
     first = make_engine(sqlite_url)
     assert make_engine(sqlite_url) is first
-    assert first.pool._pre_ping  # type: ignore[attr-defined]
+    assert first.pool._pre_ping
     dispose_engines()
     assert make_engine(sqlite_url) is not first
     dispose_engines()

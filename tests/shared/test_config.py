@@ -51,7 +51,7 @@ def _data(**changes: object) -> dict[str, object]:
     import tomllib
 
     data = tomllib.loads(SAMPLE)
-    data["pollers"]["orders"].update(changes)  # type: ignore[index]
+    data["pollers"]["orders"].update(changes)
     return {k: v for k, v in data.items()}
 
 

@@ -39,7 +39,9 @@ values = st.one_of(
 def test_every_body_the_poller_sends_validates(after: dict[str, object], delete: bool) -> None:
     events = (
         RowChange("ev-1", "delete" if delete else "upsert", {"id": 10**20}, dt.datetime.now(dt.UTC), after, "orders"),
-        RowChange("ev-2", "upsert", {"a": uuid.uuid4(), "b": 2}, (Decimal("1.5"), 3), {CLAIM_KEY: {"blob": "x"}}, "orders"),
+        RowChange(
+            "ev-2", "upsert", {"a": uuid.uuid4(), "b": 2}, (Decimal("1.5"), 3), {CLAIM_KEY: {"blob": "x"}}, "orders"
+        ),
     )
     for message in pack_batch(Batch("orders", "batch-1", FP, events), 256 * 1024):
         jsonschema.validate(loads(message.body), SCHEMA)
@@ -49,7 +51,13 @@ def test_every_body_the_poller_sends_validates(after: dict[str, object], delete:
     "body",
     [
         {"schema": "dbfanout.batch/2", "poller": "p", "batch_id": "b", "source_fingerprint": FP, "events": []},
-        {"schema": "dbfanout.batch/1", "poller": "p", "batch_id": "b", "source_fingerprint": FP, "events": [{"op": "x"}]},
+        {
+            "schema": "dbfanout.batch/1",
+            "poller": "p",
+            "batch_id": "b",
+            "source_fingerprint": FP,
+            "events": [{"op": "x"}],
+        },
     ],
 )
 def test_the_schema_rejects_foreign_bodies(body: dict[str, object]) -> None:
