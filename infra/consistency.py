@@ -21,6 +21,7 @@ check, the file and what to change.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import tomllib
@@ -144,7 +145,7 @@ def ncrontab_max_interval_seconds(schedule: str) -> float:
             break
     if len(fires) < 2:
         raise ValueError(f"schedule {schedule!r} fires less than twice a year")
-    return max((b - a).total_seconds() for a, b in zip(fires, fires[1:], strict=False))
+    return max((b - a).total_seconds() for a, b in itertools.pairwise(fires))
 
 
 def redelivery_horizon_seconds(poller: dict[str, Any]) -> float:
@@ -188,17 +189,18 @@ def check_app_settings(infra: Path) -> list[Problem]:
         if name not in settings:
             problems.append(Problem("app-settings", "infra/", f"no template sets the app setting {name}"))
         elif required is not None and settings[name] != f"'{required}'":
-            problems.append(
-                Problem("app-settings", "infra/", f"{name} = {settings[name]}, expected '{required}'")
-            )
+            problems.append(Problem("app-settings", "infra/", f"{name} = {settings[name]}, expected '{required}'"))
     for name, value in settings.items():
         if name.endswith("__clientId") and "ClientId" not in value and "clientId" not in value:
             problems.append(Problem("app-settings", "infra/", f"{name} = {value}: not the identity's client id"))
     auth = settings.get("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", "")
     if auth and ("Authorization=AAD" not in auth or "ClientId=" not in auth):
         problems.append(
-            Problem("app-settings", "infra/", "APPLICATIONINSIGHTS_AUTHENTICATION_STRING must be "
-                    "'ClientId=<identity client id>;Authorization=AAD'")
+            Problem(
+                "app-settings",
+                "infra/",
+                "APPLICATIONINSIGHTS_AUTHENTICATION_STRING must be 'ClientId=<identity client id>;Authorization=AAD'",
+            )
         )
     for path in _bicep_files(infra):
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -261,44 +263,79 @@ def check_config(infra: Path, config_path: Path) -> list[Problem]:
 
     state_container = values.get("stateContainerName") or _param_default(main_text, "stateContainerName")
     if app.get("state_container", "db-state") != state_container:
-        problems.append(Problem("state-container", where, f"[app] state_container = "
-                                f"{app.get('state_container', 'db-state')!r} but the template creates {state_container!r}"))
+        problems.append(
+            Problem(
+                "state-container",
+                where,
+                f"[app] state_container = "
+                f"{app.get('state_container', 'db-state')!r} but the template creates {state_container!r}",
+            )
+        )
     for key, prefix in (("state_connection", STATE_CONNECTION), ("servicebus_connection", SERVICEBUS_CONNECTION)):
         if app.get(key, prefix) != prefix:
-            problems.append(Problem("connections", where, f"[app] {key} = {app.get(key)!r}; the template sets "
-                                    f"{prefix}__* settings: use {prefix!r}"))
+            problems.append(
+                Problem(
+                    "connections",
+                    where,
+                    f"[app] {key} = {app.get(key)!r}; the template sets {prefix}__* settings: use {prefix!r}",
+                )
+            )
 
     for name, poller in pollers.items():
         key = f"pollers.{name}"
         transport = poller.get("transport", "servicebus")
         if transport == "storage-queue":
             if values.get("useStorageQueues") is not True:
-                problems.append(Problem("storage-queues", where, f"{key} uses transport = 'storage-queue': "
-                                        "set useStorageQueues = true in main.parameters.json"))
+                problems.append(
+                    Problem(
+                        "storage-queues",
+                        where,
+                        f"{key} uses transport = 'storage-queue': set useStorageQueues = true in main.parameters.json",
+                    )
+                )
         else:
             queue = queues.get(poller.get("queue"))
             if queue is None:
-                problems.append(Problem("queues", where, f"{key}.queue = {poller.get('queue')!r} has no entry in "
-                                        "the queues parameter of main.parameters.json"))
+                problems.append(
+                    Problem(
+                        "queues",
+                        where,
+                        f"{key}.queue = {poller.get('queue')!r} has no entry in "
+                        "the queues parameter of main.parameters.json",
+                    )
+                )
             else:
                 problems += _check_queue(where, key, poller, queue, default_window)
         for field, value in poller.items():
             for ref in _REF.findall(value) if isinstance(value, str) else ():
                 if ref not in provided:
-                    problems.append(Problem("db-urls", where, f"{key}.{field} references ${{{ref}}} but no app "
-                                            f"setting {ref} is provided: add {{name: '{ref}', secretName: ...}} "
-                                            "to databaseUrlSettings"))
+                    problems.append(
+                        Problem(
+                            "db-urls",
+                            where,
+                            f"{key}.{field} references ${{{ref}}} but no app "
+                            f"setting {ref} is provided: add {{name: '{ref}', secretName: ...}} "
+                            "to databaseUrlSettings",
+                        )
+                    )
     return problems
 
 
-def _check_queue(where: str, key: str, poller: dict[str, Any], queue: dict[str, Any],
-                 default_window: str | None) -> list[Problem]:
+def _check_queue(
+    where: str, key: str, poller: dict[str, Any], queue: dict[str, Any], default_window: str | None
+) -> list[Problem]:
     problems: list[Problem] = []
     if queue.get("requiresDuplicateDetection") is False:
         problems.append(Problem("queues", where, f"queue {queue['name']!r} turns duplicate detection off"))
     if bool(queue.get("requiresSession", False)) != bool(poller.get("sessions", False)):
-        problems.append(Problem("sessions", where, f"{key}.sessions = {bool(poller.get('sessions', False))} but "
-                                f"queue {queue['name']!r} has requiresSession = {queue.get('requiresSession', False)}"))
+        problems.append(
+            Problem(
+                "sessions",
+                where,
+                f"{key}.sessions = {bool(poller.get('sessions', False))} but "
+                f"queue {queue['name']!r} has requiresSession = {queue.get('requiresSession', False)}",
+            )
+        )
     window_text = queue.get("duplicateDetectionHistoryTimeWindow") or default_window or ""
     window = iso_duration_seconds(window_text)
     try:
@@ -306,13 +343,24 @@ def _check_queue(where: str, key: str, poller: dict[str, Any], queue: dict[str, 
     except ValueError as exc:
         return [*problems, Problem("dup-window", where, f"{key}.schedule: {exc}")]
     if window is None:
-        problems.append(Problem("dup-window", where, f"queue {queue['name']!r}: duplicate detection window "
-                                f"{window_text!r} is not an ISO 8601 duration"))
+        problems.append(
+            Problem(
+                "dup-window",
+                where,
+                f"queue {queue['name']!r}: duplicate detection window {window_text!r} is not an ISO 8601 duration",
+            )
+        )
     elif window < need:
-        problems.append(Problem("dup-window", where, f"queue {queue['name']!r}: duplicate detection window "
-                                f"{window_text} ({window:.0f} s) < {WINDOW_MARGIN:g} x (lease_ttl + schedule "
-                                f"interval + tick budget) = {need:.0f} s for {key}; raise "
-                                "duplicateDetectionHistoryTimeWindow"))
+        problems.append(
+            Problem(
+                "dup-window",
+                where,
+                f"queue {queue['name']!r}: duplicate detection window "
+                f"{window_text} ({window:.0f} s) < {WINDOW_MARGIN:g} x (lease_ttl + schedule "
+                f"interval + tick budget) = {need:.0f} s for {key}; raise "
+                "duplicateDetectionHistoryTimeWindow",
+            )
+        )
     return problems
 
 
@@ -344,8 +392,13 @@ def check_outputs(infra: Path) -> list[Problem]:
         for m in _OUTPUT.finditer(text):
             used = {w for w in re.findall(r"\b\w+\b", m.group("expr")) if w in secure}
             if used:
-                problems.append(Problem("outputs", _rel(path, infra), f"output {m.group('name')} reads the "
-                                        f"@secure() parameter {', '.join(sorted(used))}"))
+                problems.append(
+                    Problem(
+                        "outputs",
+                        _rel(path, infra),
+                        f"output {m.group('name')} reads the @secure() parameter {', '.join(sorted(used))}",
+                    )
+                )
     return problems
 
 

@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -68,9 +69,11 @@ def reexec_in_infra_venv() -> None:
     if python.exists() and not os.environ.get("DBFANOUT_VALIDATE_REEXEC"):
         os.environ["DBFANOUT_VALIDATE_REEXEC"] = "1"
         os.execv(str(python), [str(python), __file__, *sys.argv[1:]])
-    print("validate.py: tree-sitter / tree-sitter-bicep missing. Install the gate's tools:\n"
-          f"  python -m venv {INFRA_VENV} && {INFRA_VENV}/bin/pip install -r infra/requirements-validate.txt",
-          file=sys.stderr)
+    print(
+        "validate.py: tree-sitter / tree-sitter-bicep missing. Install the gate's tools:\n"
+        f"  python -m venv {INFRA_VENV} && {INFRA_VENV}/bin/pip install -r infra/requirements-validate.txt",
+        file=sys.stderr,
+    )
     sys.exit(2)
 
 
@@ -91,8 +94,11 @@ def syntax_problems(infra: Path) -> list[Problem]:
             node = stack.pop()
             if node.type == "ERROR" or node.is_missing:
                 row, col = node.start_point
-                what = f"missing {node.type}" if node.is_missing else (
-                    "cannot parse " + repr(source[node.start_byte:node.end_byte][:60].decode(errors="replace")))
+                what = (
+                    f"missing {node.type}"
+                    if node.is_missing
+                    else ("cannot parse " + repr(source[node.start_byte : node.end_byte][:60].decode(errors="replace")))
+                )
                 problems.append(Problem("syntax", "tree-sitter-bicep", f"{path}:{row + 1}:{col + 1}", what))
                 continue  # one report per broken region
             stack.extend(reversed(node.children))
@@ -108,8 +114,14 @@ def suppression_problems(infra: Path) -> list[Problem]:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             m = _SKIP.search(line)
             if m and len(m.group("rest").lstrip(": ").strip()) < _MIN_REASON:
-                problems.append(Problem("suppression", m.group("id"), f"{path}:{n}",
-                                        "checkov:skip without a reason (write `// checkov:skip=ID: why`)"))
+                problems.append(
+                    Problem(
+                        "suppression",
+                        m.group("id"),
+                        f"{path}:{n}",
+                        "checkov:skip without a reason (write `// checkov:skip=ID: why`)",
+                    )
+                )
     return problems
 
 
@@ -125,55 +137,97 @@ def checkov_executable() -> str:
     return found
 
 
+def json_documents(text: str) -> list[object]:
+    """checkov may print several JSON documents one after another (one per -d / framework)."""
+    decoder, docs, pos = json.JSONDecoder(), [], 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            break
+        doc, pos = decoder.raw_decode(text, pos)
+        docs.append(doc)
+    if not docs:
+        raise ValueError("no JSON output")
+    return docs
+
+
 def checkov_problems(dirs: list[Path], checks_dir: Path) -> dict[Path, list[Problem]]:
-    """One checkov run over every directory (it is slow to start); results split back per directory."""
-    cmd = [checkov_executable(), "--framework", "bicep", "--skip-download", "--compact",
-           "--external-checks-dir", str(checks_dir), "-o", "json"]
-    for d in dirs:
-        cmd += ["-d", str(d)]
-    env = {**os.environ, "CKV_PARSE_ERROR_FAIL": "true", "BC_SKIP_MAPPING": "TRUE", "PYTHONWARNINGS": "ignore"}
+    """checkov on each directory, as many at once as there are cores.
+
+    One run per directory: checkov's Bicep graph resolves variables by name across every file it
+    scans, so two copies of the same templates in one run would read each other's values.
+    """
+    with ThreadPoolExecutor(max_workers=max(1, min(len(dirs), os.cpu_count() or 1))) as pool:
+        return dict(zip(dirs, pool.map(lambda d: _checkov_run(d, checks_dir), dirs), strict=True))
+
+
+def _checkov_run(infra: Path, checks_dir: Path) -> list[Problem]:
+    cmd = [
+        checkov_executable(),
+        "--framework",
+        "bicep",
+        "--skip-download",
+        "--compact",
+        "--external-checks-dir",
+        str(checks_dir),
+        "-o",
+        "json",
+        "-d",
+        str(infra),
+    ]
+    env = {**os.environ, "CKV_PARSE_ERROR_FAIL": "true", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    out: dict[Path, list[Problem]] = {d: [] for d in dirs}
     try:
-        reports = json.loads(proc.stdout)
+        docs = json_documents(proc.stdout)
     except ValueError:
-        for d in dirs:
-            out[d].append(Problem("checkov", "run", str(d), f"checkov exit {proc.returncode}, unreadable "
-                                  f"output: {(proc.stderr or proc.stdout)[-800:]}"))
-        return out
-    reports = reports if isinstance(reports, list) else [reports]
-
-    def owner(path: str) -> Path | None:
-        p = Path(path).resolve()
-        return next((d for d in dirs if p.is_relative_to(d.resolve())), None)
-
-    ran: dict[Path, set[str]] = {d: set() for d in dirs}
+        return [
+            Problem(
+                "checkov",
+                "run",
+                str(infra),
+                f"checkov exit {proc.returncode}, unreadable output: {(proc.stderr or proc.stdout)[-800:]}",
+            )
+        ]
+    reports = [r for doc in docs for r in (doc if isinstance(doc, list) else [doc]) if isinstance(r, dict)]
+    problems: list[Problem] = []
+    ran: set[str] = set()
     for report in reports:
-        results = report.get("results", {}) if isinstance(report, dict) else {}
+        results = report.get("results", {})
         for path in results.get("parsing_errors", []):
-            d = owner(path)
-            if d is not None:
-                out[d].append(Problem("checkov", "parse-error", path, "checkov's Bicep parser cannot read this "
-                                      "file (newer syntax?); its resources would go unchecked"))
+            problems.append(
+                Problem(
+                    "checkov",
+                    "parse-error",
+                    path,
+                    "checkov's Bicep parser cannot read this file (newer syntax?); its resources would go unchecked",
+                )
+            )
         for record in results.get("failed_checks", []):
-            d = owner(record.get("file_abs_path", ""))
-            if d is not None:
-                out[d].append(Problem("checkov", record["check_id"], f"{record.get('file_abs_path')}:"
-                                      f"{record.get('file_line_range', ['?'])[0]}",
-                                      f"{record.get('resource')}: {record.get('check_name')}"))
+            line = (record.get("file_line_range") or ["?"])[0]
+            problems.append(
+                Problem(
+                    "checkov",
+                    record["check_id"],
+                    f"{record.get('file_abs_path')}:{line}",
+                    f"{record.get('resource')}: {record.get('check_name')}",
+                )
+            )
         for key in ("passed_checks", "failed_checks", "skipped_checks"):
-            for record in results.get(key, []):
-                d = owner(record.get("file_abs_path", ""))
-                if d is not None:
-                    ran[d].add(record["check_id"])
-    for d in dirs:
-        for check_id in CUSTOM_CHECKS:
-            if check_id not in ran[d]:
-                out[d].append(Problem("checkov", check_id, str(d), "custom check never ran: it failed to load "
-                                      "or no resource of its type was found"))
-        if proc.returncode not in (0, 1) and not out[d]:
-            out[d].append(Problem("checkov", "run", str(d), f"checkov exit {proc.returncode}: {proc.stderr[-800:]}"))
-    return out
+            ran |= {record["check_id"] for record in results.get(key, [])}
+    for check_id in CUSTOM_CHECKS:
+        if check_id not in ran:
+            problems.append(
+                Problem(
+                    "checkov",
+                    check_id,
+                    str(infra),
+                    "custom check never ran: it failed to load or no resource of its type was found",
+                )
+            )
+    if proc.returncode not in (0, 1) or (proc.returncode == 1 and not problems):
+        problems.append(Problem("checkov", "run", str(infra), f"checkov exit {proc.returncode}: {proc.stderr[-800:]}"))
+    return problems
 
 
 # ------------------------------------------------------------------------------- 4. consistency
@@ -193,8 +247,13 @@ def consistency_problems(infra: Path, configs: list[Path]) -> list[Problem]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="*", type=Path, help="infra directories (default: this script's)")
-    ap.add_argument("--config", action="append", type=Path, default=None,
-                    help="dbfanout.toml to check the parameters against (repeatable)")
+    ap.add_argument(
+        "--config",
+        action="append",
+        type=Path,
+        default=None,
+        help="dbfanout.toml to check the parameters against (repeatable)",
+    )
     ap.add_argument("--checks-dir", type=Path, default=HERE / "checks", help="custom checkov checks")
     ap.add_argument("--skip-checkov", action="store_true", help="syntax, suppression and consistency only")
     ap.add_argument("--json", action="store_true", help="print {dir: [problem, ...]} as JSON")

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from checkov.common.models.enums import CheckCategories
-
 from dbfanout_base import LiteralValueCheck
 
 

@@ -5,8 +5,7 @@ from typing import Any
 
 from checkov.arm.base_resource_check import BaseResourceCheck
 from checkov.common.models.enums import CheckCategories, CheckResult
-
-from dbfanout_base import get_path, MISSING
+from dbfanout_base import MISSING, get_path
 
 # Built-in roles that are never needed by dbfanout: Owner, Contributor, Azure Service Bus Data Owner.
 FORBIDDEN_ROLE_IDS = {
@@ -17,8 +16,21 @@ FORBIDDEN_ROLE_IDS = {
 GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
+def accessed(value: Any) -> Any:
+    """`roles.owner` arrives as a property accessor on the inlined `roles` object: pick the member,
+    so one role table in a `var` does not make every assignment look like every role."""
+    operator = value.get("operator") if isinstance(value, dict) else None
+    if isinstance(operator, dict) and operator.get("type") == "property_accessor":
+        operands = operator.get("operands", {})
+        target, member = accessed(operands.get("operand_1")), operands.get("operand_2")
+        if isinstance(target, dict) and isinstance(member, str) and member in target:
+            return accessed(target[member])
+    return value
+
+
 def strings_in(value: Any) -> list[str]:
     """Every string inside an expression tree as checkov renders it (variables already inlined)."""
+    value = accessed(value)
     if isinstance(value, str):
         return [value]
     if isinstance(value, dict):
@@ -38,7 +50,7 @@ class NoPrivilegedRoleAssignment(BaseResourceCheck):
 
     def __init__(self) -> None:
         super().__init__(
-            name="Role assignment grants a visible, non-privileged role (not Owner, Contributor or Service Bus Data Owner)",
+            name="Role assignment grants a readable, non-privileged role (not Owner, Contributor, Service Bus Data Owner)",
             id="CKV_DBF_5",
             categories=(CheckCategories.IAM,),
             supported_resources=("Microsoft.Authorization/roleAssignments",),

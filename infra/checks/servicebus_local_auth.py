@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from checkov.common.models.enums import CheckCategories
-
 from dbfanout_base import LiteralValueCheck
 
 
@@ -10,7 +9,7 @@ class ServiceBusLocalAuthDisabled(LiteralValueCheck):
 
     def __init__(self) -> None:
         super().__init__(
-            name="Service Bus namespace has local (SAS key) auth disabled: properties.disableLocalAuth is literally true",
+            name="Service Bus namespace has SAS key auth disabled: properties.disableLocalAuth is literally true",
             id="CKV_DBF_1",
             categories=(CheckCategories.IAM,),
             supported_resources=("Microsoft.ServiceBus/namespaces",),

@@ -101,8 +101,11 @@ def test_azure_yaml_deploys_the_repo_root_as_a_python_function_app() -> None:
 
 
 def test_a_missing_app_setting_is_named(consistency: ModuleType, infra_copy: Path) -> None:
-    replace_once(infra_copy / "modules" / "function-app.bicep", "name: 'DBFANOUT_STATE__clientId'",
-                 "name: 'DBFANOUT_STATE_CLIENT'")
+    replace_once(
+        infra_copy / "modules" / "function-app.bicep",
+        "name: 'DBFANOUT_STATE__clientId'",
+        "name: 'DBFANOUT_STATE_CLIENT'",
+    )
     problems = consistency.check_app_settings(infra_copy)
     assert any("DBFANOUT_STATE__clientId" in p.message for p in problems), problems
 
@@ -110,16 +113,23 @@ def test_a_missing_app_setting_is_named(consistency: ModuleType, infra_copy: Pat
 def test_a_key_based_credential_is_rejected(consistency: ModuleType, infra_copy: Path) -> None:
     path = infra_copy / "modules" / "function-app.bicep"
     text = path.read_text(encoding="utf-8")
-    path.write_text(text.replace(
-        "name: 'DBFANOUT_SERVICEBUS__credential'\n    value: 'managedidentity'",
-        "name: 'DBFANOUT_SERVICEBUS__credential'\n    value: 'connectionstring'"), encoding="utf-8")
+    path.write_text(
+        text.replace(
+            "name: 'DBFANOUT_SERVICEBUS__credential'\n    value: 'managedidentity'",
+            "name: 'DBFANOUT_SERVICEBUS__credential'\n    value: 'connectionstring'",
+        ),
+        encoding="utf-8",
+    )
     problems = consistency.check_app_settings(infra_copy)
     assert any("DBFANOUT_SERVICEBUS__credential" in p.message for p in problems), problems
 
 
 def test_fetching_a_key_is_rejected(consistency: ModuleType, infra_copy: Path) -> None:
-    replace_once(infra_copy / "modules" / "storage.bicep", "output name string = storage.name",
-                 "output name string = storage.name\noutput key string = storage.listKeys().keys[0].value")
+    replace_once(
+        infra_copy / "modules" / "storage.bicep",
+        "output name string = storage.name",
+        "output name string = storage.name\noutput key string = storage.listKeys().keys[0].value",
+    )
     assert "keys" in checks_of(consistency.check_app_settings(infra_copy))
 
 
@@ -132,22 +142,31 @@ def test_a_poller_without_a_queue_parameter_is_named(consistency: ModuleType, in
 
 
 def test_a_new_poller_needs_its_queue(consistency: ModuleType, tmp_path: Path) -> None:
-    config = write_config(tmp_path, '[pollers.invoices]\nsource_url = "${ORDERS_DB_URL}"\ntable = "invoices"\n'
-                          'cursor = "updated_at"\npk = ["id"]\nqueue = "invoices-changes"\n')
+    config = write_config(
+        tmp_path,
+        '[pollers.invoices]\nsource_url = "${ORDERS_DB_URL}"\ntable = "invoices"\n'
+        'cursor = "updated_at"\npk = ["id"]\nqueue = "invoices-changes"\n',
+    )
     problems = consistency.check_config(INFRA, config)
     assert checks_of(problems) == {"queues"} and "invoices-changes" in problems[0].message
 
 
 def test_sessions_must_match_the_queue(consistency: ModuleType, tmp_path: Path) -> None:
-    config = write_config(tmp_path, "").read_text(encoding="utf-8").replace(
-        'queue = "orders-changes"', 'queue = "orders-changes"\nsessions = true')
+    config = (
+        write_config(tmp_path, "")
+        .read_text(encoding="utf-8")
+        .replace('queue = "orders-changes"', 'queue = "orders-changes"\nsessions = true')
+    )
     (tmp_path / "s.toml").write_text(config, encoding="utf-8")
     assert checks_of(consistency.check_config(INFRA, tmp_path / "s.toml")) == {"sessions"}
 
 
 def test_a_storage_queue_poller_needs_use_storage_queues(consistency: ModuleType, tmp_path: Path) -> None:
-    config = write_config(tmp_path, '[pollers.audit]\nsource_url = "${ORDERS_DB_URL}"\ntable = "audit"\n'
-                          'cursor = "id"\npk = ["id"]\nqueue = "audit"\ntransport = "storage-queue"\n')
+    config = write_config(
+        tmp_path,
+        '[pollers.audit]\nsource_url = "${ORDERS_DB_URL}"\ntable = "audit"\n'
+        'cursor = "id"\npk = ["id"]\nqueue = "audit"\ntransport = "storage-queue"\n',
+    )
     assert checks_of(consistency.check_config(INFRA, config)) == {"storage-queues"}
 
 
@@ -169,28 +188,42 @@ def test_a_duplicate_window_shorter_than_the_redelivery_horizon_fails(
 
 
 def test_a_longer_lease_needs_a_longer_window(consistency: ModuleType, tmp_path: Path) -> None:
-    config = write_config(tmp_path, "").read_text(encoding="utf-8").replace(
-        "lease_ttl_seconds = 120\nsettle_seconds = 2\nsoft", "lease_ttl_seconds = 600\nsettle_seconds = 2\nsoft")
+    config = (
+        write_config(tmp_path, "")
+        .read_text(encoding="utf-8")
+        .replace(
+            "lease_ttl_seconds = 120\nsettle_seconds = 2\nsoft", "lease_ttl_seconds = 600\nsettle_seconds = 2\nsoft"
+        )
+    )
     (tmp_path / "l.toml").write_text(config, encoding="utf-8")
     problems = consistency.check_config(INFRA, tmp_path / "l.toml")
     assert checks_of(problems) == {"dup-window"} and "pollers.orders" in problems[0].message
 
 
 def test_a_per_queue_window_overrides_the_default(consistency: ModuleType, infra_copy: Path, tmp_path: Path) -> None:
-    config = write_config(tmp_path, "").read_text(encoding="utf-8").replace(
-        "lease_ttl_seconds = 120\nsettle_seconds = 2\nsoft", "lease_ttl_seconds = 600\nsettle_seconds = 2\nsoft")
+    config = (
+        write_config(tmp_path, "")
+        .read_text(encoding="utf-8")
+        .replace(
+            "lease_ttl_seconds = 120\nsettle_seconds = 2\nsoft", "lease_ttl_seconds = 600\nsettle_seconds = 2\nsoft"
+        )
+    )
     (tmp_path / "l.toml").write_text(config, encoding="utf-8")
-    edit_parameters(infra_copy, queues=[
-        {"name": "orders-changes", "duplicateDetectionHistoryTimeWindow": "PT45M"},
-        {"name": "customers-changes"},
-    ])
+    edit_parameters(
+        infra_copy,
+        queues=[
+            {"name": "orders-changes", "duplicateDetectionHistoryTimeWindow": "PT45M"},
+            {"name": "customers-changes"},
+        ],
+    )
     assert consistency.check_config(infra_copy, tmp_path / "l.toml") == []
 
 
 def test_state_container_and_connection_prefixes_must_match(consistency: ModuleType, tmp_path: Path) -> None:
     config = write_config(tmp_path, "").read_text(encoding="utf-8")
     config = config.replace('state_container = "db-state"', 'state_container = "state"').replace(
-        'servicebus_connection = "DBFANOUT_SERVICEBUS"', 'servicebus_connection = "SB"')
+        'servicebus_connection = "DBFANOUT_SERVICEBUS"', 'servicebus_connection = "SB"'
+    )
     (tmp_path / "c.toml").write_text(config, encoding="utf-8")
     assert checks_of(consistency.check_config(INFRA, tmp_path / "c.toml")) == {"state-container", "connections"}
 
@@ -218,16 +251,21 @@ def test_a_mistyped_role_id_is_rejected(consistency: ModuleType, infra_copy: Pat
 
 
 def test_a_declared_role_that_is_never_assigned_is_named(consistency: ModuleType, infra_copy: Path) -> None:
-    replace_once(infra_copy / "modules" / "rbac.bicep",
-                 "'Microsoft.Authorization/roleDefinitions', roles.monitoringMetricsPublisher)",
-                 "'Microsoft.Authorization/roleDefinitions', roles.keyVaultSecretsUser)")
+    replace_once(
+        infra_copy / "modules" / "rbac.bicep",
+        "'Microsoft.Authorization/roleDefinitions', roles.monitoringMetricsPublisher)",
+        "'Microsoft.Authorization/roleDefinitions', roles.keyVaultSecretsUser)",
+    )
     messages = [p.message for p in consistency.check_roles(infra_copy)]
     assert "role monitoringMetricsPublisher is declared but never assigned" in messages
 
 
 def test_an_output_reading_a_secure_parameter_is_rejected(consistency: ModuleType, infra_copy: Path) -> None:
-    replace_once(infra_copy / "modules" / "function-app.bicep", "output name string = site.name",
-                 "output name string = site.name\noutput urls object = databaseUrlValues")
+    replace_once(
+        infra_copy / "modules" / "function-app.bicep",
+        "output name string = site.name",
+        "output name string = site.name\noutput urls object = databaseUrlValues",
+    )
     problems = consistency.check_outputs(infra_copy)
     assert [p.message for p in problems] == ["output urls reads the @secure() parameter databaseUrlValues"]
 
@@ -237,15 +275,23 @@ def test_an_output_reading_a_secure_parameter_is_rejected(consistency: ModuleTyp
 
 @pytest.mark.parametrize(
     ("schedule", "seconds"),
-    [("*/5 * * * * *", 5), ("0 * * * * *", 60), ("0 */15 * * * *", 900), ("0 0 9 * * 1-5", 3 * 86400),
-     ("0,30 * * * * *", 30), ("10 0 * * * *", 3600)],
+    [
+        ("*/5 * * * * *", 5),
+        ("0 * * * * *", 60),
+        ("0 */15 * * * *", 900),
+        ("0 0 9 * * 1-5", 3 * 86400),
+        ("0,30 * * * * *", 30),
+        ("10 0 * * * *", 3600),
+    ],
 )
 def test_ncrontab_max_interval(consistency: ModuleType, schedule: str, seconds: int) -> None:
     assert consistency.ncrontab_max_interval_seconds(schedule) == seconds
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("PT10M", 600), ("PT20S", 20), ("P1DT1H", 90000), ("P7D", 604800),
-                                               ("10m", None), ("PT", None)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("PT10M", 600), ("PT20S", 20), ("P1DT1H", 90000), ("P7D", 604800), ("10m", None), ("PT", None)],
+)
 def test_iso_duration(consistency: ModuleType, text: str, seconds: float | None) -> None:
     assert consistency.iso_duration_seconds(text) == seconds
 

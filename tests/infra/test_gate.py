@@ -1,0 +1,232 @@
+"""The offline Bicep gate (infra/validate.py) passes on the repository and fails on broken copies.
+
+Runs the gate's own tools from .venv-infra (tree-sitter-bicep, checkov); skipped with the install
+command when that venv is absent. checkov is slow to start, so every broken copy is checked in
+one gate run, and each test reads its copy's problems from the JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.infra.conftest import FIXTURE_CONFIG, INFRA, replace_once
+
+VALIDATE = INFRA / "validate.py"
+OWNER = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"
+CONTRIBUTOR = "b24988ac-6210-42ed-a3a3-c4c7c3b5d7ae"
+SERVICE_BUS_DATA_OWNER = "090c5cfd-751d-490a-894a-3ce6f1109419"
+
+
+def role_assignment(name: str, role: str, condition: str = "") -> str:
+    """A role assignment on the namespace, appended to servicebus.bicep."""
+    return f"""
+resource {name} 'Microsoft.Authorization/roleAssignments@2022-04-01' = {condition}{{
+  scope: namespace
+  name: guid(namespace.id, 'someone', '{name}')
+  properties: {{
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', {role})
+    principalId: 'someone'
+    principalType: 'ServicePrincipal'
+  }}
+}}
+"""
+
+
+# name -> (file under infra/, old text, new text, expected {(gate, check)}, text the report names)
+# old "" means append new to the file.
+BROKEN: dict[str, tuple[str, str, str, set[tuple[str, str]], str]] = {
+    "syntax_error": (
+        "modules/servicebus.bicep",
+        "    disableLocalAuth: true\n",
+        "    disableLocalAuth: \n",
+        {("syntax", "tree-sitter-bicep")},
+        "servicebus.bicep:66",
+    ),
+    "servicebus_local_auth_on": (
+        "modules/servicebus.bicep",
+        "disableLocalAuth: true",
+        "disableLocalAuth: false",
+        {("checkov", "CKV_DBF_1")},
+        "Microsoft.ServiceBus/namespaces.namespace",
+    ),
+    "servicebus_local_auth_from_expression": (
+        "modules/servicebus.bicep",
+        "disableLocalAuth: true",
+        "disableLocalAuth: sku == 'Premium'",
+        {("checkov", "CKV_DBF_1")},
+        "Microsoft.ServiceBus/namespaces.namespace",
+    ),
+    "servicebus_namespace_behind_condition": (
+        "modules/servicebus.bicep",
+        "@2024-01-01' = {\n  name: name\n  location: location\n  tags: tags\n  sku: skuSettings\n"
+        "  properties: {\n    disableLocalAuth: true",
+        "@2024-01-01' = if (!empty(name)) {\n  name: name\n  location: location\n  tags: tags\n"
+        "  sku: skuSettings\n  properties: {\n    disableLocalAuth: false",
+        {("checkov", "CKV_DBF_1")},
+        "Microsoft.ServiceBus/namespaces.namespace",
+    ),
+    "queue_without_duplicate_detection": (
+        "modules/servicebus.bicep",
+        "requiresDuplicateDetection: true",
+        "requiresDuplicateDetection: false",
+        {("checkov", "CKV_DBF_3")},
+        "Microsoft.ServiceBus/namespaces/queues.queue",
+    ),
+    "storage_shared_key_on": (
+        "modules/storage.bicep",
+        "allowSharedKeyAccess: false",
+        "allowSharedKeyAccess: true",
+        {("checkov", "CKV_DBF_2")},
+        "Microsoft.Storage/storageAccounts.storage",
+    ),
+    "appinsights_local_auth_on": (
+        "modules/monitoring.bicep",
+        "DisableLocalAuth: true",
+        "DisableLocalAuth: false",
+        {("checkov", "CKV_DBF_4")},
+        "Microsoft.Insights/components.appInsights",
+    ),
+    "appinsights_local_auth_unset": (
+        "modules/monitoring.bicep",
+        "    DisableLocalAuth: true\n",
+        "",
+        {("checkov", "CKV_DBF_4")},
+        "Microsoft.Insights/components.appInsights",
+    ),
+    "owner_role_in_rbac_module": (
+        "modules/rbac.bicep",
+        "storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'",
+        f"storageBlobDataOwner: '{OWNER}'",
+        {("checkov", "CKV_DBF_5"), ("consistency", "roles")},
+        "roleAssignments.blobOwnerOnAccount",
+    ),
+    "contributor_role": (
+        "modules/servicebus.bicep",
+        "",
+        role_assignment("contributorOnNamespace", f"'{CONTRIBUTOR}'"),
+        {("checkov", "CKV_DBF_5"), ("consistency", "roles")},
+        "roleAssignments.contributorOnNamespace",
+    ),
+    "servicebus_data_owner_behind_condition": (
+        "modules/servicebus.bicep",
+        "",
+        role_assignment("dataOwnerOnNamespace", f"'{SERVICE_BUS_DATA_OWNER}'", "if (sku == 'Premium') "),
+        {("checkov", "CKV_DBF_5"), ("consistency", "roles")},
+        "roleAssignments.dataOwnerOnNamespace",
+    ),
+    "role_id_from_a_parameter": (
+        "modules/servicebus.bicep",
+        "",
+        "\nparam anyRole string = ''\n" + role_assignment("opaqueRole", "anyRole"),
+        {("checkov", "CKV_DBF_5")},
+        "roleAssignments.opaqueRole",
+    ),
+    "unsuppressed_builtin_check": (
+        "modules/storage.bicep",
+        "  // checkov:skip=CKV_AZURE_35: the template has no VNet integration",
+        "  // CKV_AZURE_35 was here",
+        {("checkov", "CKV_AZURE_35")},
+        "Microsoft.Storage/storageAccounts.storage",
+    ),
+    "suppression_without_reason": (
+        "modules/storage.bicep",
+        "// checkov:skip=CKV_AZURE_206: dbfanout state",
+        "// checkov:skip=CKV_AZURE_206\n// dbfanout state",
+        {("suppression", "CKV_AZURE_206")},
+        "storage.bicep:30",
+    ),
+    "syntax_checkov_cannot_read": (
+        "main.bicep",
+        "",
+        "\nimport * as shared from 'shared.bicep'\n",
+        {("checkov", "parse-error")},
+        "main.bicep",
+    ),
+    "poller_queue_missing_from_parameters": (
+        "main.parameters.json",
+        '"name": "customers-changes",',
+        '"name": "customer-changes",',
+        {("consistency", "queues")},
+        "customers-changes",
+    ),
+}
+
+
+def run_gate(*dirs: Path, python: Path) -> tuple[int, dict[str, list[dict[str, Any]]]]:
+    proc = subprocess.run(
+        [str(python), str(VALIDATE), "--json", "--config", str(FIXTURE_CONFIG), *map(str, dirs)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def broken_reports(infra_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Each broken copy's problems, from one gate run over all of them."""
+    root = tmp_path_factory.mktemp("broken")
+    dirs: dict[str, Path] = {}
+    for name, (rel, old, new, _, _) in BROKEN.items():
+        dest = root / name / "infra"
+        shutil.copytree(INFRA, dest, ignore=shutil.ignore_patterns("__pycache__"))
+        target = dest / rel
+        if old:
+            replace_once(target, old, new)
+        else:
+            target.write_text(target.read_text(encoding="utf-8") + new, encoding="utf-8")
+        dirs[name] = dest
+    code, report = run_gate(*dirs.values(), python=infra_python)
+    assert code == 1
+    return {name: report[str(d.resolve())] for name, d in dirs.items()}
+
+
+def test_gate_passes_on_the_repository_templates(infra_python: Path) -> None:
+    # Given infra/ as committed; When the whole gate runs; Then no problem at all
+    code, report = run_gate(INFRA, python=infra_python)
+    assert report == {str(INFRA.resolve()): []}
+    assert code == 0
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_gate_fails_on_a_broken_copy_naming_the_cause(
+    name: str, broken_reports: dict[str, list[dict[str, Any]]]
+) -> None:
+    # Given a copy of infra/ with exactly one thing broken; When the gate runs
+    # Then it fails with the expected check, and names the file or resource
+    _, _, _, expected, named = BROKEN[name]
+    problems = broken_reports[name]
+    found = {(p["gate"], p["check"]) for p in problems}
+    if name.startswith("syntax_error"):
+        assert expected <= found, problems  # checkov cannot parse the file either: extra problems expected
+    else:
+        assert found == expected, problems
+    assert any(named in p["file"] or named in p["message"] for p in problems if (p["gate"], p["check"]) in expected), (
+        problems
+    )
+
+
+def test_a_broken_copy_fails_the_command_line_gate(infra_python: Path, infra_copy: Path) -> None:
+    # The plain (non-JSON) run that CI uses exits 1 and prints the failing check.
+    replace_once(
+        infra_copy / "modules" / "servicebus.bicep",
+        "requiresDuplicateDetection: true",
+        "requiresDuplicateDetection: false",
+    )
+    proc = subprocess.run(
+        [str(infra_python), str(VALIDATE), "--config", str(FIXTURE_CONFIG), str(infra_copy)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "CKV_DBF_3" in proc.stdout and "FAILED" in proc.stdout
