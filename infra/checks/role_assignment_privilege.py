@@ -50,7 +50,7 @@ class NoPrivilegedRoleAssignment(BaseResourceCheck):
 
     def __init__(self) -> None:
         super().__init__(
-            name="Role assignment grants a readable, non-privileged role (not Owner, Contributor, Service Bus Data Owner)",
+            name="Role assignment grants a readable role that is not Owner, Contributor or Service Bus Data Owner",
             id="CKV_DBF_5",
             categories=(CheckCategories.IAM,),
             supported_resources=("Microsoft.Authorization/roleAssignments",),
