@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -71,3 +71,37 @@ def reporting_errors() -> Iterator[None]:
         fail(f"{exc.key}: {exc.problem}", EXIT_USAGE, exc.hint)
     except DbFanoutError as exc:
         fail(str(exc.args[0]) if exc.args else type(exc).__name__, EXIT_CHECK_FAILED, exc.hint)
+
+
+# --------------------------------------------------------------------------------------------
+# Added for the operator commands (validate, status, checkpoint, dlq).
+
+
+def confirm_or_refuse(yes: bool, question: str, *, always_refuse: bool = False) -> None:
+    """Go on with ``--yes``; else ask on a terminal; refuse (exit 3) without one or on "no".
+
+    ``always_refuse`` is for irreversible deletes: those need ``--yes`` even on a terminal.
+    """
+    if yes:
+        return
+    if always_refuse or not sys.stdin.isatty():
+        fail(f"refused: {question.rstrip('?')} needs confirmation", EXIT_REFUSED, "re-run with --yes")
+    if not typer.confirm(question, default=False):
+        fail("refused: not confirmed; nothing was changed", EXIT_REFUSED)
+
+
+@contextmanager
+def progress_bar(description: str, *, enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr (only on a terminal); yields ``advance(done, total)``."""
+    if not (enabled and err_console.is_terminal):
+        yield lambda _done, _total: None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task(description, total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        yield advance

@@ -1,0 +1,209 @@
+"""``dbfanout dlq peek|export|replay|purge QUEUE``: the poison quarantine, inspected and emptied safely."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from dbfanout.commands.common import (
+    EXIT_CHECK_FAILED,
+    EXIT_USAGE,
+    ConfigOption,
+    JsonOption,
+    confirm_or_refuse,
+    console,
+    err_console,
+    fail,
+    load,
+    print_json,
+    progress_bar,
+    reporting_errors,
+)
+from dbfanout.ops import dlq as ops
+from dbfanout.ops.bus import bus_client
+from dbfanout.ops.replay import ReplayReport, Selection, replay
+from dbfanout.ops.timeparse import parse_duration, parse_since
+
+QueueArg = Annotated[str, typer.Argument(help="The queue whose dead-letter queue to use (QUEUE/$DeadLetterQueue)")]
+ReasonOption = Annotated[str | None, typer.Option("--reason", help="Only messages with this DeadLetterReason")]
+SinceOption = Annotated[
+    str | None, typer.Option("--since", help="Only messages enqueued since T (ISO time, or an age: 2h, 7d)")
+]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do it without asking")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show what would happen; change nothing")]
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``dlq`` on the root command."""
+    dlq = typer.Typer(help="Inspect, export, replay and purge a queue's dead-letter queue.", no_args_is_help=True)
+    dlq.command("peek")(peek_command)
+    dlq.command("export")(export_command)
+    dlq.command("replay")(replay_command)
+    dlq.command("purge")(purge_command)
+    app.add_typer(dlq, name="dlq")
+
+
+def _since(text: str | None) -> dt.datetime | None:
+    if text is None:
+        return None
+    try:
+        return parse_since(text)
+    except ValueError as exc:
+        fail(f"--since: {exc}", EXIT_USAGE)
+
+
+@contextmanager
+def _client(config_path: Path | None) -> Iterator[Any]:
+    with reporting_errors():
+        config = load(config_path)
+        with bus_client(config) as client:
+            yield client
+
+
+def peek_command(
+    queue: QueueArg,
+    reason: ReasonOption = None,
+    since: SinceOption = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most N messages")] = 50,
+    json_out: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """List dead-lettered messages (nothing is locked or changed)."""
+    selection = Selection(reason=reason, since=_since(since))
+    with _client(config) as client, reporting_errors():
+        views = ops.peek(client, queue, selection, limit)
+    if json_out:
+        print_json([v.to_json() for v in views])
+        return
+    table = Table(title=f"{queue}/$DeadLetterQueue ({len(views)} shown)")
+    for column in ("seq", "message id", "enqueued", "deliveries", "reason", "description", "poller", "events", "pks"):
+        table.add_column(column, overflow="fold")
+    for v in views:
+        poller, count, pks = v.envelope_summary()
+        enqueued = v.enqueued_time.strftime("%Y-%m-%d %H:%M:%S") if v.enqueued_time else "-"
+        table.add_row(
+            str(v.sequence_number), v.message_id, enqueued, str(v.delivery_count), v.reason or "-",
+            (v.description or "-")[:80], poller or "-", str(count) if count is not None else "-",
+            ", ".join(str(pk) for pk in pks) or "-",
+        )  # fmt: skip
+    console.print(table)
+
+
+def export_command(
+    queue: QueueArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write (one message per line)")],
+    reason: ReasonOption = None,
+    since: SinceOption = None,
+    json_out: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Write dead-lettered messages (bodies and properties) to a JSONL file, for audit or repair."""
+    selection = Selection(reason=reason, since=_since(since))
+    with _client(config) as client, reporting_errors():
+        count = ops.export(client, queue, out, selection)
+    if json_out:
+        print_json({"queue": queue, "out": str(out), "exported": count})
+    else:
+        console.print(f"exported {count} message(s) from {queue}/$DeadLetterQueue to {out}")
+
+
+def replay_command(
+    queue: QueueArg,
+    all_: Annotated[bool, typer.Option("--all", help="Replay every dead-lettered message")] = False,
+    sequence: Annotated[
+        list[int] | None, typer.Option("--sequence", "-s", help="Replay this sequence number (repeatable)")
+    ] = None,
+    reason: ReasonOption = None,
+    since: SinceOption = None,
+    to: Annotated[str | None, typer.Option("--to", help="Send the copies here (default: QUEUE itself)")] = None,
+    from_file: Annotated[
+        Path | None, typer.Option("--from-file", help="Replay with the bodies of an (edited) dlq export file")
+    ] = None,
+    dry_run: DryRunOption = False,
+    yes: YesOption = False,
+    json_out: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Send each selected message again (new message id), then remove it from the DLQ — in that order."""
+    bodies = _read_file(from_file) if from_file else None
+    selection = Selection(everything=all_ or bodies is not None, sequences=frozenset(sequence or ()), reason=reason,
+                          since=_since(since))  # fmt: skip
+    if selection.empty:
+        fail("say which messages to replay", EXIT_USAGE, "use --all, --sequence N, --reason R, --since T or --from-file F")
+    target = to or queue
+    if not dry_run:
+        confirm_or_refuse(yes, f"Replay the selected messages of {queue}/$DeadLetterQueue into {target}?")
+    with _client(config) as client, reporting_errors(), progress_bar("replaying", enabled=not json_out) as advance:
+        report = replay(client, queue, selection, target=to, dry_run=dry_run, bodies=bodies, progress=advance)
+    _print_report(report, json_out)
+    if not report.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _read_file(path: Path) -> dict[int, bytes]:
+    try:
+        return ops.read_export(path)
+    except (OSError, ValueError) as exc:
+        fail(f"--from-file: {exc}", EXIT_USAGE, "pass a file written by `dbfanout dlq export`")
+
+
+def _print_report(report: ReplayReport, json_out: bool) -> None:
+    if json_out:
+        print_json(report.to_json())
+        return
+    verb = "would replay" if report.dry_run else "replayed"
+    count = len(report.replayed) if not report.dry_run else len(report.selected)
+    console.print(f"{verb} {count} of {len(report.selected)} selected message(s) from {report.source} into {report.target}")
+    if report.dry_run:
+        for row in report.replayed:
+            console.print(f"  seq {row['sequence_number']}: {row['original_id']} -> {row['replay_id']}")
+    for row in report.sent_not_completed:
+        err_console.print(
+            f"[yellow]seq {row['sequence_number']}: copy {row['replay_id']} sent but the original is still in the "
+            f"DLQ ({row['error']}); re-run the replay (duplicate detection drops the repeat)[/]"
+        )
+    if report.not_found:
+        err_console.print(
+            f"[yellow]{len(report.not_found)} selected message(s) were not received (gone, or locked by another "
+            f"receiver): {report.not_found[:20]}; re-run once their locks lapse[/]"
+        )
+    if report.error:
+        err_console.print(f"[bold red]error:[/] {report.error}; the unsent originals are still in the DLQ")
+
+
+def purge_command(
+    queue: QueueArg,
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", help="Only messages enqueued more than D ago (e.g. 7d, 12h)")
+    ] = None,
+    dry_run: DryRunOption = False,
+    yes: YesOption = False,
+    json_out: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Delete dead-lettered messages for good (export them first if you may need them)."""
+    age = None
+    if older_than is not None:
+        try:
+            age = parse_duration(older_than)
+        except ValueError as exc:
+            fail(f"--older-than: {exc}", EXIT_USAGE)
+    what = f"older than {older_than}" if older_than else "ALL"
+    if not dry_run:
+        confirm_or_refuse(yes, f"Delete {what} dead-lettered messages of {queue} for good?", always_refuse=True)
+    purge: Callable[..., dict[str, Any]] = ops.purge
+    with _client(config) as client, reporting_errors(), progress_bar("purging", enabled=not json_out) as advance:
+        result = purge(client, queue, age, dry_run=dry_run, progress=advance)
+    if json_out:
+        print_json(result)
+    else:
+        verb = "would purge" if dry_run else "purged"
+        console.print(f"{verb} {result['selected'] if dry_run else result['purged']} message(s) from {queue}/$DeadLetterQueue")
+    if result.get("not_found"):
+        raise typer.Exit(EXIT_CHECK_FAILED)

@@ -1,0 +1,179 @@
+"""Service Bus for operators: clients from the config, message views, bounded peeks, queue facts.
+
+Application property keys and values come back from AMQP as bytes; :func:`props_of` turns them
+into ``str`` so they print, compare and export as JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusSubQueue
+from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
+
+from shared.codec import loads
+from shared.config import Config
+from shared.errors import EnqueueError, SerializationError
+from shared.messages import PROP_EVENT_COUNT, PROP_POLLER
+from shared.servicebus import bus_errors, servicebus_client
+from shared.settings import servicebus_connection
+
+__all__ = [
+    "DLQ_DESCRIPTION",
+    "DLQ_REASON",
+    "MessageView",
+    "bus_client",
+    "is_emulator",
+    "peek_all",
+    "props_of",
+    "queue_exists",
+]
+
+DLQ_REASON = "DeadLetterReason"
+DLQ_DESCRIPTION = "DeadLetterErrorDescription"
+PEEK_PAGE = 100
+
+
+def bus_client(config: Config) -> ServiceBusClient:
+    """A client for the app's namespace (the ``servicebus_connection`` setting)."""
+    return servicebus_client(servicebus_connection(config.settings, config.app.servicebus_connection))
+
+
+def is_emulator(config: Config) -> bool:
+    """True for a local emulator connection string (it has no management HTTP API)."""
+    value = config.settings.get(config.app.servicebus_connection) or ""
+    return "usedevelopmentemulator=true" in value.replace(" ", "").lower()
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, bytes | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(raw).decode()
+    return value
+
+
+def props_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
+    """Application properties with ``str`` keys and decoded values."""
+    return {str(_text(k)): _text(v) for k, v in (message.application_properties or {}).items()}
+
+
+def _body(message: ServiceBusReceivedMessage) -> bytes:
+    body = message.body
+    if isinstance(body, bytes | bytearray):
+        return bytes(body)
+    return b"".join(bytes(part) for part in body)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """What an operator sees of one (dead-lettered) message; exported one per JSONL line."""
+
+    sequence_number: int
+    message_id: str
+    enqueued_time: dt.datetime | None
+    delivery_count: int
+    reason: str | None
+    description: str | None
+    subject: str | None
+    content_type: str | None
+    correlation_id: str | None
+    session_id: str | None
+    application_properties: Mapping[str, Any]
+    body: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, message: ServiceBusReceivedMessage) -> MessageView:
+        props = props_of(message)
+        return cls(
+            sequence_number=int(message.sequence_number or 0),
+            message_id=str(message.message_id),
+            enqueued_time=message.enqueued_time_utc,
+            delivery_count=int(message.delivery_count or 0),
+            reason=message.dead_letter_reason or props.get(DLQ_REASON),
+            description=message.dead_letter_error_description or props.get(DLQ_DESCRIPTION),
+            subject=message.subject,
+            content_type=message.content_type,
+            correlation_id=message.correlation_id,
+            session_id=message.session_id,
+            application_properties=props,
+            body=_body(message),
+        )
+
+    def envelope_summary(self) -> tuple[str | None, int | None, list[Any]]:
+        """(poller, event count, first primary keys) from the body when it is a dbfanout envelope."""
+        poller = self.application_properties.get(PROP_POLLER)
+        count = self.application_properties.get(PROP_EVENT_COUNT)
+        pks: list[Any] = []
+        try:
+            doc = loads(self.body)
+        except SerializationError:
+            return poller, count, pks
+        if isinstance(doc, dict):
+            poller = poller or doc.get("poller")
+            events = doc.get("events") if isinstance(doc.get("events"), list) else []
+            count = count if count is not None else len(events)
+            pks = [e.get("pk") for e in events[:3] if isinstance(e, dict)]
+        return poller, int(count) if count is not None else None, pks
+
+    def to_json(self) -> dict[str, Any]:
+        """One export line: every property, and the body as text (or base64 when not UTF-8)."""
+        poller, count, pks = self.envelope_summary()
+        doc: dict[str, Any] = {
+            "sequence_number": self.sequence_number,
+            "message_id": self.message_id,
+            "enqueued_time": self.enqueued_time.isoformat() if self.enqueued_time else None,
+            "delivery_count": self.delivery_count,
+            "dead_letter_reason": self.reason,
+            "dead_letter_error_description": self.description,
+            "subject": self.subject,
+            "content_type": self.content_type,
+            "correlation_id": self.correlation_id,
+            "session_id": self.session_id,
+            "application_properties": dict(self.application_properties),
+            "poller": poller,
+            "event_count": count,
+            "first_pks": pks,
+        }
+        try:
+            doc["body"] = self.body.decode()
+        except UnicodeDecodeError:
+            doc["body_base64"] = base64.b64encode(self.body).decode()
+        return doc
+
+
+def peek_all(
+    client: ServiceBusClient, queue: str, *, dead_letter: bool = True, limit: int | None = None
+) -> Iterator[MessageView]:
+    """Peek (no locks, nothing changes) in sequence order, at most ``limit`` messages."""
+    sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
+    seen = 0
+    with bus_errors("peek", queue), client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver:
+        next_seq = 0
+        while limit is None or seen < limit:
+            page = min(PEEK_PAGE, limit - seen) if limit is not None else PEEK_PAGE
+            batch = receiver.peek_messages(max_message_count=page, sequence_number=next_seq)
+            if not batch:
+                return
+            for message in batch:
+                seen += 1
+                yield MessageView.of(message)
+            next_seq = int(batch[-1].sequence_number or 0) + 1
+
+
+def queue_exists(client: ServiceBusClient, queue: str) -> bool | str:
+    """True, False (unknown entity), or why it could not be checked."""
+    try:
+        with client.get_queue_receiver(queue) as receiver:
+            receiver.peek_messages(max_message_count=1)
+        return True
+    except MessagingEntityNotFoundError:
+        return False
+    except (ServiceBusError, OSError, EnqueueError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"

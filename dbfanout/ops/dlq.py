@@ -1,0 +1,104 @@
+"""Dead-letter queue: peek (filtered), export to JSONL, purge, and reading an export back."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusSubQueue
+from azure.servicebus.exceptions import ServiceBusError
+
+from dbfanout.ops.bus import MessageView, peek_all
+from dbfanout.ops.replay import Progress, Selection, each_selected
+from shared.codec import dumps, loads
+from shared.errors import SerializationError
+from shared.logs import get_logger, ids
+
+__all__ = ["export", "peek", "purge", "read_export"]
+
+log = get_logger("cli.dlq")
+
+
+def peek(client: ServiceBusClient, queue: str, selection: Selection, limit: int | None) -> list[MessageView]:
+    """Dead-lettered messages matching ``selection`` (all when empty), at most ``limit``."""
+    out: list[MessageView] = []
+    for view in peek_all(client, queue):
+        if selection.empty or selection.matches(view):
+            out.append(view)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def export(client: ServiceBusClient, queue: str, out: Path, selection: Selection) -> int:
+    """Write every matching dead-lettered message as one JSON line (bodies and properties); returns the count.
+
+    Written to a temporary file first and renamed, so a failed export never leaves half a file.
+    """
+    tmp = out.with_name(out.name + ".partial")
+    count = 0
+    with tmp.open("wb") as fh:
+        for view in peek_all(client, queue):
+            if selection.empty or selection.matches(view):
+                fh.write(dumps(view.to_json()) + b"\n")
+                count += 1
+    tmp.replace(out)
+    return count
+
+
+def read_export(path: Path) -> dict[int, bytes]:
+    """``sequence number → body`` from an export (possibly edited). Raises ValueError naming the line."""
+    bodies: dict[int, bytes] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            doc = loads(line)
+        except SerializationError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("sequence_number"), int):
+            raise ValueError(f"{path}:{number}: each line needs a sequence_number (as written by dlq export)")
+        if "body_base64" in doc:
+            bodies[doc["sequence_number"]] = base64.b64decode(doc["body_base64"])
+        elif isinstance(doc.get("body"), str):
+            bodies[doc["sequence_number"]] = doc["body"].encode()
+        else:
+            raise ValueError(f"{path}:{number}: needs body (text) or body_base64")
+    return bodies
+
+
+def purge(
+    client: ServiceBusClient,
+    queue: str,
+    older_than: dt.timedelta | None,
+    *,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+) -> dict[str, Any]:
+    """Complete (delete) dead-lettered messages, all or those enqueued more than ``older_than`` ago."""
+    cutoff = now() - older_than if older_than is not None else None
+    views = [v for v in peek_all(client, queue) if cutoff is None or (v.enqueued_time or now()) < cutoff]
+    pending = {v.sequence_number for v in views}
+    result: dict[str, Any] = {"queue": queue, "selected": len(views), "purged": 0, "dry_run": dry_run}
+    if dry_run or not pending:
+        return result
+    purged: list[int] = []
+    with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+
+        def act(message: ServiceBusReceivedMessage) -> bool:
+            try:
+                receiver.complete_message(message)
+            except (ServiceBusError, OSError) as exc:
+                log.warning("purge: could not complete %s: %s", message.sequence_number, exc)
+                return True
+            purged.append(int(message.sequence_number or 0))
+            log.info("purged", extra=ids(queue=queue, sequence_number=message.sequence_number))
+            return True
+
+        each_selected(receiver, pending, act, progress)
+    result.update(purged=len(purged), not_found=sorted(pending))
+    return result
