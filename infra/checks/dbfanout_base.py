@@ -1,3 +1,5 @@
+# mypy: ignore-errors
+# (a checkov plug-in: checkov lives in .venv-infra, not in the app venv mypy runs in)
 """Shared base for dbfanout's checkov checks.
 
 Checkov hands a Bicep resource over as a dict. A resource under a condition

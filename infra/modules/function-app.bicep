@@ -175,7 +175,7 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 resource site 'Microsoft.Web/sites@2024-04-01' = {
   // checkov:skip=CKV_AZURE_222: the app serves no HTTP trigger, but azd and func publish reach its deployment endpoint publicly; add VNet integration and private endpoints to close it
   // checkov:skip=CKV_AZURE_17: no HTTP trigger is served, so there is no client to present a certificate; timer and Service Bus triggers are outbound only
-  // checkov:skip=CKV_AZURE_212: Flex Consumption scales on events; a missed timer tick is caught up by the next one (the lease and checkpoint live in the state blob), so no instance is kept warm by default
+  // checkov:skip=CKV_AZURE_212: Flex Consumption scales on events; an idle app costs nothing and a poller resumes from the checkpoint in its state blob after a cold start, so no instance is kept warm by default (always-ready instances cost extra)
   // checkov:skip=CKV_AZURE_213: the health-check path pings an HTTP endpoint, which this app does not serve; use `dbfanout status` and the DLQ depth instead
   name: name
   location: location

@@ -27,7 +27,7 @@ param blobSoftDeleteDays int = 7
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   // checkov:skip=CKV_AZURE_35: the template has no VNet integration, so the Flex Consumption app reaches the account over its public endpoint; shared keys are off and every call needs an Entra role
   // checkov:skip=CKV_AZURE_59: same reason as CKV_AZURE_35; put the app in a VNet and add private endpoints to close the public endpoint
-  // checkov:skip=CKV_AZURE_206: dbfanout state is a checkpoint that can be rebuilt (dbfanout checkpoint reset|clone); LRS keeps cost low, raise the SKU for geo-redundancy
+  // checkov:skip=CKV_AZURE_206: dbfanout state: LRS keeps cost low; losing the region's copy means restarting pollers from a chosen checkpoint (dbfanout checkpoint reset), so pick ZRS/GRS here when that is not acceptable
   name: name
   location: location
   tags: tags

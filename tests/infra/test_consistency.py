@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ APP_SETTINGS_THE_CODE_READS = [
 ]
 
 
-def checks_of(problems: list) -> set[str]:
+def checks_of(problems: list[Any]) -> set[str]:
     return {p.check for p in problems}
 
 
