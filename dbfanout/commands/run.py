@@ -1,0 +1,63 @@
+"""``dbfanout run``: run the Functions app locally, without the Functions host.
+
+Like ``func start``: settings come from ``local.settings.json`` Values and the environment
+(the environment wins), ``host.json`` is honoured, every timer fires on its NCRONTAB schedule
+and every Service Bus queue trigger gets a peek-lock receiver. Ctrl-C or SIGTERM stops
+receiving, lets running calls finish and releases what the app holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dbfanout.commands.common import EXIT_OK, ConfigOption, reporting_errors
+from dbfanout.host import DEFAULT_APP, LocalHost
+from dbfanout.host.host import configure_logging
+from shared.config import CONFIG_SETTING
+
+__all__ = ["register", "run"]
+
+
+def run(
+    config: ConfigOption = None,
+    app: Annotated[str, typer.Option("--app", help="module:attribute of the FunctionApp")] = DEFAULT_APP,
+    app_root: Annotated[
+        Path | None, typer.Option("--app-root", help="Folder holding function_app.py and host.json (default: .)")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="Stop after this many seconds (default: until Ctrl-C)")
+    ] = None,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds running calls get to finish at shutdown")] = 30.0,
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
+) -> None:
+    """Run function_app.py locally: fire its timers, feed its queue triggers."""
+    root = (app_root or Path.cwd()).resolve()
+    extra = {CONFIG_SETTING: str(config.resolve())} if config is not None else {}
+    logging.getLogger().setLevel(logging.WARNING)
+    configure_logging(getattr(logging, log_level.upper(), logging.INFO))
+    stop = threading.Event()
+    host = LocalHost(root, app, extra_settings=extra, grace_seconds=grace)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with reporting_errors():
+            host.start()
+            print(f"dbfanout host running {len(host.timers)} timer(s), {len(host.queues)} queue trigger(s)", flush=True)
+            host.wait(stop, duration)
+    finally:
+        host.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    sys.stdout.flush()
+    raise typer.Exit(EXIT_OK)
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``dbfanout run`` on the CLI root."""
+    app.command("run")(run)

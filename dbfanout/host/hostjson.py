@@ -1,0 +1,104 @@
+"""The parts of ``host.json`` the local host honours, with the Functions host's defaults.
+
+Service Bus extension 5.x (``extensions.serviceBus``): ``autoCompleteMessages`` true,
+``maxAutoLockRenewalDuration`` 00:05:00, ``maxConcurrentCalls`` 16, ``prefetchCount`` 0,
+``maxMessageBatchSize`` 1000. ``logging.logLevel.default`` / ``Function`` set the log level.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ConfigError
+
+__all__ = ["HostJson", "ServiceBusOptions", "load_host_json", "parse_timespan"]
+
+_TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,7}))?$")
+_LEVELS = {
+    "trace": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "information": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "none": logging.CRITICAL + 10,
+}
+
+
+def parse_timespan(value: str, key: str) -> float:
+    """A .NET TimeSpan (``[d.]hh:mm:ss[.fffffff]``) in seconds."""
+    match = _TIMESPAN.match(value.strip())
+    if match is None:
+        raise ConfigError(key, f"{value!r} is not a TimeSpan", hint='write "hh:mm:ss", e.g. "00:05:00"')
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups()[:4])
+    fraction = float(f"0.{match.group(5)}") if match.group(5) else 0.0
+    return days * 86400 + hours * 3600 + minutes * 60 + seconds + fraction
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceBusOptions:
+    """``extensions.serviceBus`` settings the local host applies (official defaults)."""
+
+    auto_complete_messages: bool = True
+    max_auto_lock_renewal_seconds: float = 300.0
+    max_concurrent_calls: int = 16
+    prefetch_count: int = 0
+    max_message_batch_size: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class HostJson:
+    service_bus: ServiceBusOptions = ServiceBusOptions()
+    log_level: int = logging.INFO
+
+
+def _int(section: dict[str, Any], name: str, default: int, lo: int) -> int:
+    value = section.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(f"host.json extensions.serviceBus.{name}", f"must be an integer >= {lo} (got {value!r})")
+    return value
+
+
+def _service_bus(section: dict[str, Any]) -> ServiceBusOptions:
+    auto = section.get("autoCompleteMessages", True)
+    if not isinstance(auto, bool):
+        key = "host.json extensions.serviceBus.autoCompleteMessages"
+        raise ConfigError(key, f"must be true or false (got {auto!r})")
+    renewal = section.get("maxAutoLockRenewalDuration", "00:05:00")
+    return ServiceBusOptions(
+        auto_complete_messages=auto,
+        max_auto_lock_renewal_seconds=parse_timespan(
+            str(renewal), "host.json extensions.serviceBus.maxAutoLockRenewalDuration"
+        ),
+        max_concurrent_calls=_int(section, "maxConcurrentCalls", 16, 1),
+        prefetch_count=_int(section, "prefetchCount", 0, 0),
+        max_message_batch_size=_int(section, "maxMessageBatchSize", 1000, 1),
+    )
+
+
+def _log_level(doc: dict[str, Any]) -> int:
+    levels = doc.get("logging", {}).get("logLevel", {})
+    raw = levels.get("Function", levels.get("default", "Information"))
+    return _LEVELS.get(str(raw).lower(), logging.INFO)
+
+
+def load_host_json(app_root: Path) -> HostJson:
+    """Read ``app_root/host.json``; a missing file gives the defaults, a broken one an error."""
+    path = app_root / "host.json"
+    if not path.is_file():
+        return HostJson()
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(path), f"cannot read host.json: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), "host.json must hold a JSON object")
+    section = doc.get("extensions", {}).get("serviceBus", {})
+    if not isinstance(section, dict):
+        raise ConfigError("host.json extensions.serviceBus", "must be an object")
+    return HostJson(service_bus=_service_bus(section), log_level=_log_level(doc))

@@ -1,0 +1,217 @@
+"""Service Bus queue triggers: one peek-lock receiver per function, settled like autoComplete.
+
+One pump thread owns the receiver and does every AMQP operation on it - receive, complete,
+abandon, renew - because SDK handlers are not thread-safe. User functions run on a thread pool
+of ``maxConcurrentCalls`` workers and hand their outcome back to the pump. Success completes
+the message, an exception abandons it (Service Bus counts the delivery and dead-letters at the
+queue's MaxDeliveryCount). While a single-message function runs, the pump renews its lock up to
+``maxAutoLockRenewalDuration`` (the host does not renew for ``cardinality="many"``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
+from azure.servicebus.exceptions import ServiceBusError
+
+from dbfanout.host.app_loader import FunctionSpec
+from dbfanout.host.hostjson import ServiceBusOptions
+from dbfanout.host.invoke import invoke
+from dbfanout.host.messages import to_functions_message
+from dbfanout.host.schedule import resolve_setting
+from shared.errors import ConfigError
+from shared.logs import get_logger, ids
+from shared.servicebus import servicebus_client
+from shared.settings import servicebus_connection
+
+__all__ = ["QueueRunner"]
+
+log = get_logger("host.servicebus")
+
+
+@dataclass(eq=False)
+class _Invocation:
+    messages: list[ServiceBusReceivedMessage]
+    started: float = field(default_factory=time.monotonic)
+    lock_span: float = 0.0
+    error: BaseException | None = None
+    renew: bool = True
+
+
+class QueueRunner:
+    """Feeds one queue-triggered function until stopped."""
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        settings: Mapping[str, str],
+        options: ServiceBusOptions,
+        *,
+        idle_wait: float = 1.0,
+        busy_wait: float = 0.1,
+    ) -> None:
+        self.spec = spec
+        trigger = spec.trigger
+        self.queue = resolve_setting(str(trigger.get("queueName", "")), settings, f"{spec.name}.queueName")
+        if trigger.get("isSessionsEnabled"):
+            raise ConfigError(
+                f"{spec.name}.isSessionsEnabled",
+                "the local host does not serve session-enabled queue triggers yet",
+                hint="run this function on the Functions host, or turn sessions off for local runs",
+            )
+        self.connection_name = str(trigger.get("connection") or "AzureWebJobsServiceBus")
+        self._connection = servicebus_connection(settings, self.connection_name)
+        self.many = str(trigger.get("cardinality", "ONE")).upper() == "MANY"
+        self.options = options
+        self._idle_wait = idle_wait
+        self._busy_wait = busy_wait
+        self._stop = threading.Event()
+        self._done: queue.Queue[_Invocation] = queue.Queue()
+        self._inflight: set[_Invocation] = set()
+        self._pool = ThreadPoolExecutor(options.max_concurrent_calls, thread_name_prefix=f"fn:{spec.name}")
+        self._thread: threading.Thread | None = None
+        self._grace = 30.0
+        self.completed = 0
+        self.abandoned = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"queue:{self.spec.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Stop receiving; in-flight calls get ``grace`` seconds to finish and be settled."""
+        self._grace = grace
+        self._stop.set()
+
+    def join(self, timeout: float) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def _run(self) -> None:
+        client = servicebus_client(self._connection)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._pump(client)
+                except (ServiceBusError, OSError) as exc:
+                    # The receiver broke (connection lost, entity missing): reopen after a pause.
+                    log.warning("receiver failed; reopening", extra=ids(queue=self.queue, error=repr(exc)))
+                    self._stop.wait(2.0)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            client.close()
+
+    def _pump(self, client: ServiceBusClient) -> None:
+        receiver = client.get_queue_receiver(self.queue, prefetch_count=self.options.prefetch_count)
+        with receiver:
+            while not self._stop.is_set():
+                self._settle_finished(receiver, block=False)
+                self._renew_due(receiver)
+                free = self.options.max_concurrent_calls - len(self._inflight)
+                if free <= 0:
+                    self._settle_finished(receiver, block=True)
+                    continue
+                count = self.options.max_message_batch_size if self.many else free
+                wait = self._busy_wait if self._inflight else self._idle_wait
+                messages = receiver.receive_messages(max_message_count=count, max_wait_time=wait)
+                if messages:
+                    self._dispatch(messages)
+            self._drain(receiver)
+
+    def _drain(self, receiver: ServiceBusReceiver) -> None:
+        """Graceful stop: let in-flight calls finish (bounded), settling each as it ends."""
+        deadline = time.monotonic() + self._grace
+        while self._inflight and time.monotonic() < deadline:
+            self._renew_due(receiver)
+            self._settle_finished(receiver, block=True)
+        if self._inflight:
+            # Unsettled messages are not lost: their locks expire and Service Bus redelivers them.
+            log.warning("stopped with calls still running", extra=ids(queue=self.queue, running=len(self._inflight)))
+
+    # ---- invocations -------------------------------------------------------------------------
+    def _dispatch(self, messages: list[ServiceBusReceivedMessage]) -> None:
+        groups = [messages] if self.many else [[m] for m in messages]
+        now = dt.datetime.now(dt.UTC)
+        for group in groups:
+            locked_until = group[0].locked_until_utc
+            span = (locked_until - now).total_seconds() if locked_until else 0.0
+            invocation = _Invocation(group, lock_span=max(span, 1.0))
+            self._inflight.add(invocation)
+            self._pool.submit(self._call, invocation)
+
+    def _call(self, invocation: _Invocation) -> None:
+        try:
+            converted = [to_functions_message(m) for m in invocation.messages]
+            invoke(self.spec, converted if self.many else converted[0])
+        except BaseException as exc:  # any failure abandons; kept for the pump to settle
+            invocation.error = exc
+        finally:
+            self._done.put(invocation)
+
+    def _settle_finished(self, receiver: ServiceBusReceiver, *, block: bool) -> None:
+        try:
+            invocation = self._done.get(timeout=self._busy_wait) if block else self._done.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._settle(receiver, invocation)
+            try:
+                invocation = self._done.get_nowait()
+            except queue.Empty:
+                return
+
+    def _settle(self, receiver: ServiceBusReceiver, invocation: _Invocation) -> None:
+        self._inflight.discard(invocation)
+        if not self.options.auto_complete_messages:
+            return  # the function settles (or the lock expires), as with autoCompleteMessages false
+        failed = invocation.error is not None
+        if failed:
+            log.info(
+                "function failed; abandoning",
+                extra=ids(function=self.spec.name, error=type(invocation.error).__name__),
+            )
+        for msg in invocation.messages:
+            try:
+                if failed:
+                    receiver.abandon_message(msg)
+                    self.abandoned += 1
+                else:
+                    receiver.complete_message(msg)
+                    self.completed += 1
+            except (ServiceBusError, OSError) as exc:
+                # The lock is gone (expired, link dropped): the message comes back; handlers are idempotent.
+                log.warning(
+                    "settlement failed; the message will be redelivered",
+                    extra=ids(queue=self.queue, message_id=str(msg.message_id), error=repr(exc)),
+                )
+
+    def _renew_due(self, receiver: ServiceBusReceiver) -> None:
+        if self.many:
+            return  # the Functions host renews locks for single-message functions only
+        now = time.monotonic()
+        utcnow = dt.datetime.now(dt.UTC)
+        for invocation in list(self._inflight):
+            if not invocation.renew or now - invocation.started > self.options.max_auto_lock_renewal_seconds:
+                continue
+            msg = invocation.messages[0]
+            if msg.locked_until_utc is None:
+                continue
+            remaining = (msg.locked_until_utc - utcnow).total_seconds()
+            if remaining > invocation.lock_span / 2:
+                continue
+            try:
+                receiver.renew_message_lock(msg)
+            except (ServiceBusError, OSError) as exc:
+                keys = ids(queue=self.queue, message_id=str(msg.message_id), error=repr(exc))
+                log.warning("lock renewal failed; the message may be redelivered", extra=keys)
+                invocation.renew = False  # stop trying; settlement will report the lost lock

@@ -1,0 +1,275 @@
+"""End-to-end support: a deployable app folder, the host as a subprocess, a source writer.
+
+The app folder mirrors a deployment: ``function_app.py``, ``host.json`` and ``handlers/`` copied
+from the repository, plus the test's ``dbfanout.toml`` and ``local.settings.json``. The
+dbfanout packages come from the environment, as ``requirements.txt`` provides them on Azure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from shared.codec import loads
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE_DDL = (
+    "CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v VARCHAR(40),"
+    " committed_at FLOAT, deleted_at VARCHAR(40))"
+)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
+    """Poll ``condition`` until it holds; TimeoutError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def sqlite_engine(path: Path) -> sa.Engine:
+    """An engine on a WAL-mode SQLite file: readers and the writer do not block each other."""
+    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+    with engine.begin() as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    return engine
+
+
+@dataclass
+class AppDir:
+    """A Functions app folder for one test."""
+
+    root: Path
+    queue: str
+    settings: dict[str, str]
+    app_name: str = field(default_factory=lambda: "e2e" + uuid.uuid4().hex[:8])
+
+    @classmethod
+    def create(
+        cls,
+        root: Path,
+        *,
+        queue: str,
+        storage: str,
+        servicebus: str,
+        schedule: str = "*/1 * * * * *",
+        batch_size: int = 100,
+        host_json: dict[str, Any] | None = None,
+    ) -> AppDir:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "function_app.py", root / "function_app.py")
+        shutil.copytree(REPO / "handlers", root / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+        doc = json.loads((REPO / "host.json").read_text())
+        if host_json:
+            doc["extensions"]["serviceBus"].update(host_json)
+        (root / "host.json").write_text(json.dumps(doc, indent=2))
+        settings = {
+            "AzureWebJobsStorage": storage,
+            "FUNCTIONS_WORKER_RUNTIME": "python",
+            "DBFANOUT_CONFIG": "dbfanout.toml",
+            "DBFANOUT_STATE": storage,
+            "DBFANOUT_SERVICEBUS": servicebus,
+            "ORDERS_DB_URL": f"sqlite:///{root / 'source.db'}",
+            "TARGET_DB_URL": f"sqlite:///{root / 'target.db'}",
+        }
+        (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
+        app = cls(root, queue, settings)
+        (root / "dbfanout.toml").write_text(
+            f"""
+[app]
+name = "{app.app_name}"
+
+[pollers.orders]
+source_url = "${{ORDERS_DB_URL}}"
+table = "orders"
+cursor = "version"
+pk = ["id"]
+queue = "{queue}"
+schedule = "{schedule}"
+batch_size = {batch_size}
+max_batches_per_tick = 50
+lease_ttl_seconds = 10
+settle_seconds = 0
+soft_delete_column = "deleted_at"
+handler = "handlers.example:handle"
+"""
+        )
+        sqlite_engine(root / "target.db").dispose()  # WAL before the handler creates its tables
+        return app
+
+
+class HostProcess:
+    """``python -m dbfanout.cli run --app-root DIR`` as a child process, logs in a file."""
+
+    def __init__(self, app: AppDir, *extra_args: str) -> None:
+        self.app = app
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> HostProcess:
+        env = {k: v for k, v in os.environ.items() if k not in self.app.settings}  # local.settings.json decides
+        env["PYTHONUNBUFFERED"] = "1"
+        log = (self.app.root / "host.log").open("ab")
+        log.write(f"---- start {self.starts}\n".encode())
+        log.flush()
+        cmd = [sys.executable, "-m", "dbfanout.cli", "run", "--app-root", str(self.app.root), *self.extra_args]
+        self.proc = subprocess.Popen(cmd, cwd=self.app.root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.starts += 1
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then wait for the graceful exit; returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop_quietly(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        path = self.app.root / "host.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+class SourceWriter:
+    """Inserts, updates and soft-deletes rows of ``orders`` from a thread, in small transactions."""
+
+    def __init__(self, path: Path, rows: int, *, seed: int = 7, per_txn: int = 20, pause: float = 0.02) -> None:
+        self.engine = sqlite_engine(path)
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(SOURCE_DDL)
+            conn.exec_driver_sql("CREATE INDEX ix_orders_keyset ON orders (version, id)")
+        self.rows = rows
+        self.rng = random.Random(seed)
+        self.per_txn = per_txn
+        self.pause = pause
+        self.version = 0
+        self.live: list[int] = []
+        self.ops = {"insert": 0, "update": 0, "delete": 0}
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="source-writer", daemon=True)
+
+    def start(self) -> SourceWriter:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("the source writer did not finish")
+        if self.error is not None:
+            raise self.error
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            next_id = 1
+            while next_id <= self.rows:
+                with self.engine.begin() as conn:
+                    for _ in range(self.per_txn):
+                        next_id = self._one(conn, next_id)
+                time.sleep(self.pause)
+        except BaseException as exc:  # surfaced by join()
+            self.error = exc
+
+    def _one(self, conn: sa.Connection, next_id: int) -> int:
+        self.version += 1
+        roll = self.rng.random()
+        now = time.time()
+        if roll < 0.25 and self.live:
+            i = self.rng.choice(self.live)
+            conn.execute(
+                sa.text("UPDATE orders SET version = :ver, v = :v, committed_at = :t WHERE id = :i"),
+                {"ver": self.version, "v": f"u{self.version}", "t": now, "i": i},
+            )
+            self.ops["update"] += 1
+            return next_id
+        if roll < 0.35 and self.live:
+            i = self.live.pop(self.rng.randrange(len(self.live)))
+            conn.execute(
+                sa.text("UPDATE orders SET version = :ver, deleted_at = 'gone', committed_at = :t WHERE id = :i"),
+                {"ver": self.version, "t": now, "i": i},
+            )
+            self.ops["delete"] += 1
+            return next_id
+        if next_id > self.rows:
+            return next_id
+        conn.execute(
+            sa.text("INSERT INTO orders (id, version, v, committed_at) VALUES (:i, :ver, :v, :t)"),
+            {"i": next_id, "ver": self.version, "v": f"i{self.version}", "t": now},
+        )
+        self.live.append(next_id)
+        self.ops["insert"] += 1
+        return next_id + 1
+
+    def expected(self) -> dict[int, dict[str, Any]]:
+        """What the target must hold: every live source row, column for column."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT * FROM orders WHERE deleted_at IS NULL")).mappings().all()
+        return {int(r["id"]): dict(r) for r in rows}
+
+    def total_rows(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM orders")).scalar_one())
+
+
+class Target:
+    """Reads what the example handler wrote."""
+
+    def __init__(self, path: Path) -> None:
+        self.engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+
+    def _count(self, table: str) -> int:
+        with self.engine.connect() as conn:
+            exists = conn.execute(sa.text("SELECT 1 FROM sqlite_master WHERE name = :t"), {"t": table}).first()
+            if not exists:
+                return 0
+            return int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+    def rows(self) -> dict[int, dict[str, Any]]:
+        with self.engine.connect() as conn:
+            exists = conn.execute(sa.text("SELECT 1 FROM sqlite_master WHERE name = 'dbfanout_example_target'")).first()
+            if not exists:
+                return {}
+            found = conn.execute(sa.text("SELECT pk, row FROM dbfanout_example_target")).all()
+        return {int(loads(pk)["id"]): loads(row) for pk, row in found}
+
+    def processed(self) -> int:
+        return self._count("dbfanout_processed_events")
+
+    def duplicates(self) -> int:
+        return self._count("dbfanout_example_duplicates")
+
+    def close(self) -> None:
+        self.engine.dispose()
