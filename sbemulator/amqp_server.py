@@ -15,13 +15,24 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from proton import Collector, Condition, Connection, Transport, symbol
+import cproton  # type: ignore[import-untyped]
+from proton import Collector, Condition, Connection, Event, Transport, symbol
 
 from sbemulator.links import LinkHandler
 
 log = logging.getLogger("sbemulator.server")
 MAX_TIMEOUT = 0.5
 RECV_CHUNK = 256 * 1024
+TRANSPORT_TICK_INTERVAL = 0.1
+# Only these events need the handler; skipping the rest before proton wraps them in Python
+# objects (TRANSPORT fires on every frame) saves much of the per-message cost.
+_HANDLED = frozenset(
+    e.number
+    for e in (
+        Event.CONNECTION_REMOTE_OPEN, Event.SESSION_REMOTE_OPEN, Event.LINK_REMOTE_OPEN, Event.LINK_FLOW,
+        Event.DELIVERY, Event.LINK_REMOTE_CLOSE, Event.SESSION_REMOTE_CLOSE, Event.CONNECTION_REMOTE_CLOSE,
+    )
+)
 
 
 @dataclass(eq=False)
@@ -50,6 +61,7 @@ class AmqpServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._conns: dict[socket.socket, _Conn] = {}
         self._stopping = False
+        self._next_transport_tick = 0.0
 
     @property
     def connection_count(self) -> int:
@@ -88,6 +100,9 @@ class AmqpServer:
             log.exception("timer/dispatch failed; the server keeps running")
             timeout = MAX_TIMEOUT
         now = time.monotonic()
+        if now < self._next_transport_tick:  # idle-timeout keepalives need only coarse ticks
+            return min(timeout, MAX_TIMEOUT, self._next_transport_tick - now)
+        self._next_transport_tick = now + TRANSPORT_TICK_INTERVAL
         for conn in list(self._conns.values()):
             try:
                 deadline = conn.transport.tick(now)
@@ -155,7 +170,12 @@ class AmqpServer:
     def _process(self, conn: _Conn) -> None:
         """Dispatch the connection's pending proton events; a handler error closes only it."""
         collector = conn.collector
-        while (event := collector.peek()) is not None:
+        impl = collector._impl
+        while raw := cproton.pn_collector_peek(impl):  # a NULL cdata pointer is falsy
+            if cproton.pn_event_type(raw) not in _HANDLED:
+                collector.pop()
+                continue
+            event = Event.wrap(raw)  # type: ignore[no-untyped-call]
             try:
                 self._handler.on_event(event)
             except Exception:

@@ -31,6 +31,7 @@ TRACKING_ID = symbol("com.microsoft:tracking-id")
 DEAD_LETTER = "com.microsoft:dead-letter"
 INCOMING_CREDIT = 1000
 DEFAULT_SESSION_WAIT = 60.0
+TICK_INTERVAL = 0.05
 _DOTNET_EPOCH_TICKS = 621355968000000000
 
 
@@ -83,6 +84,7 @@ class LinkHandler:
         self.faults = faults
         self.consumers: set[Consumer] = set()
         self.waiting: list[Consumer] = []
+        self._next_tick = 0.0
 
     # ---- events ----------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
@@ -126,15 +128,18 @@ class LinkHandler:
 
     def on_idle(self) -> float:
         """Timers and dispatch after each batch of I/O; returns seconds until the next deadline."""
-        self.broker.tick()
-        self.broker.journal.flush_if_due()
         now = self.broker.clock()
+        if now >= self._next_tick:
+            # New locks/schedules may add earlier deadlines: re-check at least every TICK_INTERVAL.
+            self.broker.tick()
+            self._next_tick = min(self.broker.next_deadline(), now + TICK_INTERVAL)
+        self.broker.journal.flush_if_due()
         self._close_lost_sessions()
         self._serve_waiting(now)
         for consumer in list(self.consumers):
             if consumer.link.credit > 0 and consumer.queue.version != consumer.seen_version:
                 self._pump(consumer)
-        deadlines = [self.broker.next_deadline(), *(c.deadline for c in self.waiting)]
+        deadlines = [self._next_tick, *(c.deadline for c in self.waiting)]
         return max(0.0, min(deadlines) - now)
 
     # ---- attach ----------------------------------------------------------------------------

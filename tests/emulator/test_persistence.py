@@ -30,16 +30,18 @@ def test_restart_with_data_dir_keeps_messages_counts_dead_letters_and_runtime_qu
                 receiver.abandon_message(first)
                 receiver.dead_letter_message(second, reason="why", error_description="because")
     # When the emulator restarts on the same data dir
-    with running_emulator(config, data_dir=tmp_path) as emu:
-        with ServiceBusClient.from_connection_string(emu.connection_string, retry_total=0) as client:
-            # Then everything is back, with delivery counts and dead-letter reasons
-            got = {str(m): m.delivery_count for m in drain(client, "durable", 2)}
-            assert got == {"m0": 1, "m2": 0}
-            (dead,) = drain(client, "durable", 1, sub_queue="deadletter")
-            assert (str(dead), dead.dead_letter_reason) == ("m1", "why")
-            assert [str(m) for m in drain(client, "made-later", 1)] == ["late"]
-            # And sequence numbers continue after the old ones
-            with client.get_queue_sender("durable") as sender:
-                sender.send_messages(ServiceBusMessage("new"))
-            (new,) = drain(client, "durable", 1)
-            assert new.sequence_number > 3
+    with (
+        running_emulator(config, data_dir=tmp_path) as emu,
+        ServiceBusClient.from_connection_string(emu.connection_string, retry_total=0) as client,
+    ):
+        # Then everything is back, with delivery counts and dead-letter reasons
+        got = {str(m): m.delivery_count for m in drain(client, "durable", 2)}
+        assert got == {"m0": 1, "m2": 0}
+        (dead,) = drain(client, "durable", 1, sub_queue="deadletter")
+        assert (str(dead), dead.dead_letter_reason) == ("m1", "why")
+        assert [str(m) for m in drain(client, "made-later", 1)] == ["late"]
+        # And sequence numbers continue after the old ones
+        with client.get_queue_sender("durable") as sender:
+            sender.send_messages(ServiceBusMessage("new"))
+        (new,) = drain(client, "durable", 1)
+        assert new.sequence_number > 3

@@ -87,10 +87,13 @@ def test_handler_exception_closes_one_connection_and_the_reactor_keeps_running(
         return original(self, role, data)
 
     monkeypatch.setattr(LinkHandler, "_produce", broken)
-    with ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as c1:
-        # When a client sends; Then that client gets an error
-        with pytest.raises(ServiceBusError), c1.get_queue_sender(queue) as sender:
-            sender.send_messages(ServiceBusMessage("boom"))
+    # When a client sends; Then that client gets an error
+    with (
+        ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as c1,
+        pytest.raises(ServiceBusError),
+        c1.get_queue_sender(queue) as sender,
+    ):
+        sender.send_messages(ServiceBusMessage("boom"))
     # And a new client is served normally
     with ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as c2:
         send(c2, queue, "fine")

@@ -94,7 +94,7 @@ def test_closing_a_session_receiver_releases_the_session(client: ServiceBusClien
     # Given a receiver that took a session message without settling it, then closed
     send(client, session_queue, "again", session_id="R")
     with client.get_queue_receiver(session_queue, session_id="R", max_wait_time=1) as receiver:
-        (m,) = receiver.receive_messages(1, max_wait_time=2)
+        (_unsettled,) = receiver.receive_messages(1, max_wait_time=2)
     # When another receiver accepts the session; Then it gets the message again
     with client.get_queue_receiver(session_queue, session_id="R", max_wait_time=1) as receiver:
         (again,) = receiver.receive_messages(1, max_wait_time=2)
