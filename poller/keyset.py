@@ -85,10 +85,9 @@ class CursorKind:
             if suffix is not None:  # fast path (~5x faster than .replace(tzinfo=...)); errors re-parse slowly
 
                 def fast(v: Any) -> tuple[Any, Any]:
-                    try:
-                        value = parse(v)
-                        return v, value if value.tzinfo is not None else parse(v + suffix)
-                    except (TypeError, ValueError):
+                    try:  # stored text has no offset (SQLite): one parse with the zone's suffix
+                        return v, parse(v + suffix)
+                    except (TypeError, ValueError):  # text with its own offset, or not a timestamp
                         return v, self.parse_text(v, column)
 
                 return fast

@@ -10,27 +10,50 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from shared.codec import dumps, encode_value
 from shared.models import CursorValue
 
-__all__ = ["batch_id_for", "event_id_for", "idempotency_key", "source_fingerprint", "split_message_id"]
+__all__ = ["EventIds", "batch_id_for", "event_id_for", "idempotency_key", "source_fingerprint", "split_message_id"]
 
 
 def _digest(*parts: Any) -> str:
     return hashlib.sha256(dumps(list(parts))).hexdigest()
 
 
-def _canonical(value: Any) -> Any:
+def _default(value: Any) -> Any:
+    """Canonical JSON for what orjson does not encode itself (tagged, so types stay distinct)."""
     if isinstance(value, tuple):
-        return [_canonical(v) for v in value]
+        return ["tuple", *value]
     encoded, tag = encode_value(value)
-    return [encoded, tag]
+    return [tag, encoded]
+
+
+def _canonical_bytes(pk: Mapping[str, Any], cursor: CursorValue) -> bytes:
+    opts = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+    try:
+        return orjson.dumps([pk, cursor], default=_default, option=opts)
+    except TypeError:
+        # orjson refuses integers beyond 64 bits: fall back to the fully tagged form.
+        return dumps([sorted((k, _default(v)) for k, v in pk.items()), _default(cursor)])
+
+
+class EventIds:
+    """Event ids of one poller and source: the hash prefix is computed once (hot path)."""
+
+    def __init__(self, poller: str, fingerprint: str) -> None:
+        self._prefix = hashlib.sha256(dumps(["event", poller, fingerprint]))
+
+    def __call__(self, pk: Mapping[str, Any], cursor: CursorValue) -> str:
+        h = self._prefix.copy()
+        h.update(_canonical_bytes(pk, cursor))
+        return "ev-" + h.hexdigest()[:40]
 
 
 def event_id_for(poller: str, fingerprint: str, pk: Mapping[str, Any], cursor: CursorValue) -> str:
     """Stable id of one row state: the same row at the same cursor always gets the same id."""
-    pk_canon = sorted((k, _canonical(v)) for k, v in pk.items())
-    return "ev-" + _digest("event", poller, fingerprint, pk_canon, _canonical(cursor))[:40]
+    return EventIds(poller, fingerprint)(pk, cursor)
 
 
 def batch_id_for(poller: str, fingerprint: str, event_ids: Sequence[str]) -> str:

@@ -1,0 +1,210 @@
+"""Poller catch-up vs. a raw keyset scan (issue 2). Run by hand; prints one comparable table.
+
+    .venv/bin/python benchmarks/bench_poller.py                 # 100k rows, SQLite + PostgreSQL
+    .venv/bin/python benchmarks/bench_poller.py --rows 1000000  # the "flat at 1M" check
+
+raw scan   : the poller's own keyset SELECT, paged with plain SQLAlchemy Core (fetchall), no framework
+poller     : run_tick() until caught up: fetch → events (ids, ops) → no-op sink → CAS commit on Azurite
+memory     : the same with the in-memory state store: the framework's own cost, without storage latency
+ratio      : poller rows/s ÷ raw rows/s (target ≥ 0.70 at batch 1000)
+writes/b   : state-blob writes per batch (target ≤ 2)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from poller.source import (
+    _RAW_CURSOR,
+    SqlSource,
+)
+from poller.state_blob import open_state_store
+from poller.state_memory import MemoryStateStore
+from poller.tick import run_tick
+from shared.config import PollerConfig
+from shared.models import Batch, Position
+from shared.settings import StorageConnection
+from tests.support.azurite import start_azurite
+from tests.support.databases import PG_URL, unreachable_reason
+
+
+def build_table(url: str, rows: int) -> str:
+    """orders(id, updated_at timestamptz-ish, amount, note) with an index on (updated_at, id)."""
+    engine = sa.create_engine(url)
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    md = sa.MetaData()
+    table = sa.Table(
+        name,
+        md,
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("amount", sa.Numeric(12, 2)),
+        sa.Column("note", sa.String(40)),
+        sa.Index(f"ix_{name}_keyset", "updated_at", "id"),
+    )
+    md.create_all(engine)
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    chunk = 20_000
+    with engine.begin() as conn:
+        for lo in range(0, rows, chunk):
+            conn.execute(
+                table.insert(),
+                [
+                    {
+                        "id": i,
+                        # ~4 rows per timestamp: ties across page boundaries, like a busy table
+                        "updated_at": start + dt.timedelta(milliseconds=(i // 4)),
+                        "amount": i % 10_000,
+                        "note": f"order {i}",
+                    }
+                    for i in range(lo, min(rows, lo + chunk))
+                ],
+            )
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"ANALYZE {name}")
+    engine.dispose()
+    return name
+
+
+def poller_config(url: str, table: str, batch: int) -> PollerConfig:
+    return PollerConfig(
+        name=f"bench-{uuid.uuid4().hex[:6]}",
+        source_url=url,
+        table=table,
+        cursor="updated_at",
+        pk=("id",),
+        queue="bench",
+        batch_size=batch,
+        max_batches_per_tick=100_000,
+        lease_ttl_seconds=600,
+        settle_seconds=0,
+        cursor_timezone="UTC",
+    )
+
+
+def raw_scan(cfg: PollerConfig) -> tuple[int, float]:
+    """Page through with the poller's own SELECT, executed and bound by plain Core (no framework)."""
+    source = SqlSource(cfg)
+    first = source.keyset_query(None, cfg.batch_size)
+    after = source.keyset_query(Position(cursor=_probe_cursor(cfg), pk={"id": -1}), cfg.batch_size)
+    assert first is not None and after is not None
+    engine = sa.create_engine(cfg.source_url)
+    total, started = 0, time.perf_counter()
+    with engine.connect() as conn:
+        stmt, bind = first
+        while True:
+            result = conn.execute(stmt, bind)
+            keys = list(result.keys())
+            rows = result.fetchall()
+            if not rows:
+                break
+            total += len(rows)
+            cursor_at = keys.index(_RAW_CURSOR if _RAW_CURSOR in keys else cfg.cursor)
+            last = rows[-1]
+            stmt, bind = after[0], {"dbf_limit": cfg.batch_size, "k0": last[cursor_at], "k1": last[keys.index("id")]}
+    elapsed = time.perf_counter() - started
+    engine.dispose()
+    source.close()
+    return total, elapsed
+
+
+def _probe_cursor(cfg: PollerConfig) -> Any:
+    """A cursor value of the right type, to obtain the 'after' statement once."""
+    engine = sa.create_engine(cfg.source_url)
+    with engine.connect() as conn:
+        value = conn.exec_driver_sql(f"SELECT MIN(updated_at) FROM {cfg.table}").scalar_one()
+    engine.dispose()
+    return value
+
+
+class NoopSink:
+    def __init__(self) -> None:
+        self.events = 0
+
+    def send(self, batch: Batch) -> None:
+        self.events += len(batch.events)
+
+    def close(self) -> None:
+        pass
+
+
+def poller_catch_up(cfg: PollerConfig, storage: str | None) -> tuple[int, float, float]:
+    """Catch up from scratch; state on Azurite, or in memory when ``storage`` is None."""
+    store: Any = (
+        open_state_store(StorageConnection(connection_string=storage), "bench-state", "bench", cfg.name)
+        if storage
+        else MemoryStateStore(cfg.name)
+    )
+    writes = {"n": 0}
+    for name in ("commit", "heartbeat", "try_acquire", "release"):
+        original = getattr(store, name)
+
+        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            writes["n"] += 1
+            return _original(*args, **kwargs)
+
+        setattr(store, name, counted)
+    source, sink = SqlSource(cfg), NoopSink()
+    started = time.perf_counter()
+    batches = 0
+    while True:
+        result = run_tick(cfg, source, store, sink, owner_id="bench")
+        batches += result.batches
+        if result.stop_reason == "caught_up":
+            break
+    elapsed = time.perf_counter() - started
+    source.close()
+    return sink.events, elapsed, writes["n"] / max(batches, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--batches", type=int, nargs="+", default=[500, 1000])
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args()
+
+    azurite = start_azurite()
+    tmp = Path(tempfile.mkdtemp(prefix="dbfanout-bench-"))
+    targets = [("sqlite-file", f"sqlite:///{tmp / 'bench.db'}")]
+    if not args.no_postgres and unreachable_reason(PG_URL) is None:
+        targets.append(("postgresql", PG_URL))
+    print(f"rows={args.rows}  python={sys.version.split()[0]}  sqlalchemy={sa.__version__}")
+    print(
+        f"{'database':<12} {'batch':>6} {'raw rows/s':>12} {'poller rows/s':>14} {'ratio':>6} {'writes/b':>9}"
+        f" {'memory-state rows/s':>20} {'ratio':>6}"
+    )
+    try:
+        for label, url in targets:
+            table = build_table(url, args.rows)
+            for batch in args.batches:
+                cfg = poller_config(url, table, batch)
+                n_raw, t_raw = raw_scan(cfg)
+                n_poll, t_poll, per_batch = poller_catch_up(
+                    replace(cfg, name=cfg.name + "p"), azurite.connection_string
+                )
+                n_mem, t_mem, _ = poller_catch_up(replace(cfg, name=cfg.name + "m"), None)
+                assert n_raw == n_poll == n_mem == args.rows, (n_raw, n_poll, n_mem)
+                raw_rate, poll_rate, mem_rate = n_raw / t_raw, n_poll / t_poll, n_mem / t_mem
+                print(
+                    f"{label:<12} {batch:>6} {raw_rate:>12,.0f} {poll_rate:>14,.0f} "
+                    f"{poll_rate / raw_rate:>6.2f} {per_batch:>9.2f} {mem_rate:>20,.0f} {mem_rate / raw_rate:>6.2f}"
+                )
+    finally:
+        azurite.stop()
+
+
+if __name__ == "__main__":
+    main()
