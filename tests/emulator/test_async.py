@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
 from azure.servicebus import ServiceBusMessage
@@ -14,7 +16,10 @@ from sbemulator import Emulator
 pytestmark = pytest.mark.integration
 
 
-def run(coro):  # no pytest-asyncio in the venv: drive each scenario with asyncio.run
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:  # no pytest-asyncio in the venv: drive each scenario with asyncio.run
     return asyncio.run(coro)
 
 
@@ -90,7 +95,7 @@ def test_async_receive_and_renew_lock_and_peek(emulator: Emulator, make_queue):
                 before = m.locked_until_utc
                 await asyncio.sleep(0.1)
                 after = await receiver.renew_message_lock(m)
-                assert after > before
+                assert after is not None and before is not None and after > before
                 await receiver.complete_message(m)
 
     run(scenario())

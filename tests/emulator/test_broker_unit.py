@@ -21,7 +21,7 @@ from sbemulator.errors import (
 from sbemulator.queue import Queue
 
 
-def msg(body: bytes = b"x", **kw) -> IncomingMessage:  # type: ignore[no-untyped-def]
+def msg(body: bytes = b"x", **kw) -> IncomingMessage:
     return IncomingMessage(body, **kw)
 
 
@@ -54,11 +54,13 @@ def test_official_config_with_comments_and_defaults_parses():
 
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="LockDurationX"):
-        EmulatorConfig.from_json_text('{"UserConfig":{"Namespaces":[{"Name":"n","Queues":[{"Name":"q",'
-                                      '"Properties":{"LockDurationX":"PT1M"}}]}]}}')
+        EmulatorConfig.from_json_text(
+            '{"UserConfig":{"Namespaces":[{"Name":"n","Queues":[{"Name":"q","Properties":{"LockDurationX":"PT1M"}}]}]}}'
+        )
     with pytest.raises(ConfigError, match="forwards to 'nowhere'"):
-        EmulatorConfig.from_json_text('{"UserConfig":{"Namespaces":[{"Name":"n","Queues":[{"Name":"q",'
-                                      '"Properties":{"ForwardTo":"nowhere"}}]}]}}')
+        EmulatorConfig.from_json_text(
+            '{"UserConfig":{"Namespaces":[{"Name":"n","Queues":[{"Name":"q","Properties":{"ForwardTo":"nowhere"}}]}]}}'
+        )
 
 
 def test_entity_paths_strip_host_and_recognise_sub_queues():

@@ -27,7 +27,7 @@ def test_renew_lock_extends_locked_until(client: ServiceBusClient, make_queue):
         # When the lock is renewed after 2 s, and the message completed at 4 s
         time.sleep(2)  # the point of the test is the passage of time across the original expiry
         new_until = receiver.renew_message_lock(m)
-        assert new_until > first
+        assert first is not None and new_until > first
         time.sleep(2)
         # Then completion still succeeds (the lock would have expired at 3 s)
         receiver.complete_message(m)
@@ -42,7 +42,7 @@ def test_renew_lock_on_expired_lock_raises_lock_lost(client: ServiceBusClient, m
         (again,) = receiver.receive_messages(1, max_wait_time=5)
         assert again.delivery_count == 1
         # When the old lock is renewed; Then MessageLockLostError
-        m._locked_until_utc = datetime.now(UTC) + timedelta(minutes=1)  # bypass the SDK's own check
+        m._locked_until_utc = datetime.now(UTC) + timedelta(minutes=1)  # type: ignore[attr-defined]  # bypass the SDK's own check
         with pytest.raises(MessageLockLostError):
             receiver.renew_message_lock(m)
         receiver.complete_message(again)
@@ -71,6 +71,7 @@ def test_deferred_message_is_only_received_by_sequence_number(client: ServiceBus
         # When receiving normally; Then nothing comes
         assert receiver.receive_messages(1, max_wait_time=0.5) == []
         # When receiving by sequence number; Then it comes, marked deferred, and can be completed
+        assert seq is not None
         (d,) = receiver.receive_deferred_messages([seq])
         assert str(d) == "later"
         assert d.state == ServiceBusMessageState.DEFERRED
@@ -84,6 +85,7 @@ def test_deferred_message_can_be_dead_lettered(client: ServiceBusClient, queue: 
     with client.get_queue_receiver(queue, max_wait_time=1) as receiver:
         (m,) = receiver.receive_messages(1, max_wait_time=5)
         receiver.defer_message(m)
+        assert m.sequence_number is not None
         (d,) = receiver.receive_deferred_messages([m.sequence_number])
         # When it is dead-lettered (via update-disposition)
         receiver.dead_letter_message(d, reason="r", error_description="e")

@@ -80,7 +80,7 @@ def test_handler_exception_closes_one_connection_and_the_reactor_keeps_running(
     original = LinkHandler._produce
     calls = {"n": 0}
 
-    def broken(self: LinkHandler, role, data):  # type: ignore[no-untyped-def]
+    def broken(self: LinkHandler, role, data):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("simulated handler bug")

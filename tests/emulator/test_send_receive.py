@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusReceiveMode
 from azure.servicebus.exceptions import (
     MessageLockLostError,
     MessageSizeExceededError,
@@ -36,7 +36,7 @@ def test_single_message_arrives_with_id_body_properties_and_sequence_number(clie
         assert got.message_id == "m-1"
         assert got.subject == "greeting"
         assert got.correlation_id == "c-1"
-        assert got.application_properties[b"k"] == b"v"
+        assert got.application_properties is not None and got.application_properties[b"k"] == b"v"
         assert got.sequence_number == 1
         assert got.delivery_count == 0
         assert got.lock_token is not None
@@ -238,13 +238,11 @@ def test_injected_server_busy_fault_surfaces_once(client: ServiceBusClient, queu
 
 def _send(client: ServiceBusClient, queue: str, *bodies: str | bytes, message_id: str | None = None) -> None:
     with client.get_queue_sender(queue) as sender:
-        sender.send_messages(
-            [ServiceBusMessage(b, message_id=message_id or str(uuid.uuid4())) for b in bodies]
-        )
+        sender.send_messages([ServiceBusMessage(b, message_id=message_id or str(uuid.uuid4())) for b in bodies])
 
 
-def _drain(client: ServiceBusClient, queue: str, n: int, timeout: float = 10.0) -> list:
-    out: list = []
+def _drain(client: ServiceBusClient, queue: str, n: int, timeout: float = 10.0) -> list[ServiceBusReceivedMessage]:
+    out: list[ServiceBusReceivedMessage] = []
     deadline = time.monotonic() + timeout
     with client.get_queue_receiver(queue, max_wait_time=1) as receiver:
         while len(out) < n and time.monotonic() < deadline:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def session_queue(make_queue) -> str:
-    return make_queue(requires_session=True, lock_duration="PT5S")
+    name: str = make_queue(requires_session=True, lock_duration="PT5S")
+    return name
 
 
 def test_session_receiver_gets_only_its_session_in_order(client: ServiceBusClient, session_queue: str):
@@ -40,9 +41,7 @@ def test_next_available_session_locks_a_session_with_messages(client: ServiceBus
     # Given messages only in session "only"
     send(client, session_queue, "x", session_id="only")
     # When accepting the next available session
-    with client.get_queue_receiver(
-        session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5
-    ) as receiver:
+    with client.get_queue_receiver(session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5) as receiver:
         # Then that session is locked and its message received
         assert receiver.session.session_id == "only"
         (m,) = receiver.receive_messages(1, max_wait_time=2)
@@ -53,9 +52,10 @@ def test_next_available_session_times_out_when_none_has_messages(emulator: Emula
     # Given no messages; When accepting the next available session with a 1 s wait
     with ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as client:
         started = time.monotonic()
-        with pytest.raises(OperationTimeoutError), client.get_queue_receiver(
-            session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
-        ) as receiver:
+        with (
+            pytest.raises(OperationTimeoutError),
+            client.get_queue_receiver(session_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1) as receiver,
+        ):
             receiver.receive_messages(1, max_wait_time=1)
         # Then OperationTimeoutError after about the wait time
         assert time.monotonic() - started < 10
@@ -67,9 +67,10 @@ def test_locked_session_cannot_be_accepted_twice(client: ServiceBusClient, sessi
     with client.get_queue_receiver(session_queue, session_id="S", max_wait_time=1) as holder:
         holder.receive_messages(1, max_wait_time=2)
         # When a second receiver asks for S; Then SessionCannotBeLockedError
-        with pytest.raises(SessionCannotBeLockedError), client.get_queue_receiver(
-            session_queue, session_id="S", max_wait_time=1
-        ) as other:
+        with (
+            pytest.raises(SessionCannotBeLockedError),
+            client.get_queue_receiver(session_queue, session_id="S", max_wait_time=1) as other,
+        ):
             other.receive_messages(1, max_wait_time=1)
 
 
@@ -85,7 +86,7 @@ def test_session_state_round_trips_and_lock_renews(client: ServiceBusClient, ses
         after = session.renew_lock()
         # Then the state reads back and the lock moved forward
         assert session.get_state() == b"checkpoint-7"
-        assert after > before
+        assert after is not None and before is not None and after > before
         for m in receiver.receive_messages(1, max_wait_time=2):
             receiver.complete_message(m)
 
