@@ -11,6 +11,7 @@ and end to end, and where the time went: fetch, encode, send, commit | receive, 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -66,10 +67,9 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def start_emulator(queue: str) -> tuple[subprocess.Popen[str], str]:
     config = Path(tempfile.mkdtemp()) / "Config.json"
-    config.write_text(
-        '{"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": [{"Name": "%s", "Properties": '
-        '{"RequiresDuplicateDetection": true, "MaxDeliveryCount": 10, "LockDuration": "PT1M"}}]}]}}' % queue
-    )
+    queue_props = {"RequiresDuplicateDetection": True, "MaxDeliveryCount": 10, "LockDuration": "PT1M"}
+    namespace = {"Name": "sbemulatorns", "Queues": [{"Name": queue, "Properties": queue_props}]}
+    config.write_text(json.dumps({"UserConfig": {"Namespaces": [namespace]}}))
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbemulator", "servicebus", "--config", str(config), "--port", "0", "--http-port", "0"],
         stdout=subprocess.PIPE,
