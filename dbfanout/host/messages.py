@@ -7,9 +7,11 @@ the first delivery. The local host adds one, so code sees the numbers it will se
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from azure.functions.meta import Datum
 from azure.functions.servicebus import ServiceBusMessage as FunctionsMessage
 from azure.servicebus import ServiceBusReceivedMessage
 
@@ -42,13 +44,29 @@ def body_bytes(msg: ServiceBusReceivedMessage) -> bytes:
     return dumps(body)
 
 
+def _datum(value: Any) -> Datum:
+    """Trigger metadata travels as typed Datums, as the Python worker hands them over."""
+    if isinstance(value, bool | dict | list):
+        return Datum(dumps(value).decode(), "json")
+    if isinstance(value, int):
+        return Datum(value, "int")
+    if isinstance(value, dt.datetime):
+        return Datum(value.isoformat(), "string")
+    return Datum(str(value), "string")
+
+
 def _properties(msg: ServiceBusReceivedMessage) -> dict[str, Any]:
     return {str(_text(k)): _text(v) for k, v in (msg.application_properties or {}).items()}
+
+
+# .NET reports a message without a time-to-live as expiring at DateTimeOffset.MaxValue.
+_NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
 
 
 def to_functions_message(msg: ServiceBusReceivedMessage) -> FunctionsMessage:
     """Build the object a ``service_bus_queue_trigger`` function receives on Azure."""
     props = _properties(msg)
+    expires = msg.expires_at_utc or (_NEVER if msg.enqueued_time_utc else None)
     delivery_count = (msg.delivery_count or 0) + 1  # Functions count from 1 (see module doc)
     message_id = _str_or_none(msg.message_id) or ""
     lock_token = _str_or_none(msg.lock_token)
@@ -62,13 +80,14 @@ def to_functions_message(msg: ServiceBusReceivedMessage) -> FunctionsMessage:
         "Label": _str_or_none(msg.subject),
         "Subject": _str_or_none(msg.subject),
         "LockToken": lock_token,
-        "ExpiresAtUtc": msg.expires_at_utc,
+        "ExpiresAtUtc": expires,
         "ApplicationProperties": props,
         "UserProperties": props,
     }
+    datums = {k: _datum(v) for k, v in metadata.items() if v is not None}
     return FunctionsMessage(
         body=body_bytes(msg),
-        trigger_metadata=metadata,
+        trigger_metadata=datums,
         application_properties=props,
         user_properties=dict(props),
         content_type=_str_or_none(msg.content_type),
@@ -79,7 +98,7 @@ def to_functions_message(msg: ServiceBusReceivedMessage) -> FunctionsMessage:
         delivery_count=delivery_count,
         enqueued_sequence_number=msg.enqueued_sequence_number,
         enqueued_time_utc=msg.enqueued_time_utc,
-        expires_at_utc=msg.expires_at_utc,
+        expires_at_utc=expires,
         label=_str_or_none(msg.subject),
         locked_until=msg.locked_until_utc,
         lock_token=lock_token,

@@ -154,9 +154,16 @@ class HostProcess:
             self.proc.kill()
             self.proc.wait(10)
 
-    def log_tail(self, lines: int = 40) -> str:
+    def log_text(self) -> str:
         path = self.app.root / "host.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def started(self) -> bool:
+        """Whether the current process logged that its triggers are running."""
+        return "host started" in self.log_text().rpartition(f"---- start {self.starts - 1}\n")[2]
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
 
 class SourceWriter:
