@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusSubQueue
+from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
 from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
 
 from shared.codec import loads
@@ -29,6 +29,7 @@ __all__ = [
     "bus_client",
     "is_emulator",
     "peek_all",
+    "peek_receiver",
     "props_of",
     "queue_exists",
 ]
@@ -153,9 +154,14 @@ def peek_all(
 ) -> Iterator[MessageView]:
     """Peek (no locks, nothing changes) in sequence order, at most ``limit`` messages."""
     sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
-    seen = 0
     with bus_errors("peek", queue), client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver:
-        next_seq = 0
+        yield from peek_receiver(receiver, limit)
+
+
+def peek_receiver(receiver: ServiceBusReceiver, limit: int | None = None) -> Iterator[MessageView]:
+    """Peek through an open receiver (opening one costs a round trip or two: reuse it)."""
+    seen, next_seq = 0, 1  # not 0: the SDK reads 0 as "continue after the last peek"
+    with bus_errors("peek", receiver.entity_path):
         while limit is None or seen < limit:
             page = min(PEEK_PAGE, limit - seen) if limit is not None else PEEK_PAGE
             batch = receiver.peek_messages(max_message_count=page, sequence_number=next_seq)

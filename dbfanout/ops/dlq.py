@@ -11,7 +11,7 @@ from typing import Any
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusSubQueue
 from azure.servicebus.exceptions import ServiceBusError
 
-from dbfanout.ops.bus import MessageView, peek_all
+from dbfanout.ops.bus import MessageView, peek_all, peek_receiver
 from dbfanout.ops.replay import Progress, Selection, each_selected
 from shared.codec import dumps, loads
 from shared.errors import SerializationError
@@ -81,13 +81,14 @@ def purge(
 ) -> dict[str, Any]:
     """Complete (delete) dead-lettered messages, all or those enqueued more than ``older_than`` ago."""
     cutoff = now() - older_than if older_than is not None else None
-    views = [v for v in peek_all(client, queue) if cutoff is None or (v.enqueued_time or now()) < cutoff]
-    pending = {v.sequence_number for v in views}
-    result: dict[str, Any] = {"queue": queue, "selected": len(views), "purged": 0, "dry_run": dry_run}
-    if dry_run or not pending:
-        return result
+    result: dict[str, Any] = {"queue": queue, "selected": 0, "purged": 0, "dry_run": dry_run}
     purged: list[int] = []
     with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+        views = [v for v in peek_receiver(receiver) if cutoff is None or (v.enqueued_time or now()) < cutoff]
+        pending = {v.sequence_number for v in views}
+        result["selected"] = len(views)
+        if dry_run or not pending:
+            return result
 
         def act(message: ServiceBusReceivedMessage) -> bool:
             try:

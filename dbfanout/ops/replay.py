@@ -34,7 +34,7 @@ from azure.servicebus import (
 )
 from azure.servicebus.exceptions import ServiceBusError
 
-from dbfanout.ops.bus import DLQ_DESCRIPTION, DLQ_REASON, MessageView, peek_all
+from dbfanout.ops.bus import DLQ_DESCRIPTION, DLQ_REASON, MessageView, peek_receiver
 from shared.errors import EnqueueError
 from shared.logs import get_logger, ids
 from shared.servicebus import bus_errors
@@ -176,23 +176,23 @@ def replay(
     """
     target = target or queue
     report = ReplayReport(queue, target, dry_run=dry_run)
-    views = [v for v in peek_all(client, queue) if selection.matches(v) and (bodies is None or v.sequence_number in bodies)]
-    report.selected = [v.sequence_number for v in views]
-    if dry_run or not views:
-        report.replayed = [_row(v, replay_copy(v, clock(), body=(bodies or {}).get(v.sequence_number))) for v in views]
-        return report
-    pending = {v.sequence_number for v in views}
-    with (
-        client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver,
-        client.get_queue_sender(target) as sender,
-    ):
-        files = bodies or {}
+    files = bodies or {}
+    with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+        views = [
+            v for v in peek_receiver(receiver) if selection.matches(v) and (bodies is None or v.sequence_number in files)
+        ]
+        report.selected = [v.sequence_number for v in views]
+        if dry_run or not views:
+            report.replayed = [_row(v, replay_copy(v, clock(), body=files.get(v.sequence_number))) for v in views]
+            return report
+        pending = {v.sequence_number for v in views}
+        with client.get_queue_sender(target) as sender:
 
-        def act(message: ServiceBusReceivedMessage) -> bool:
-            _replay_one(receiver, sender, message, report, files.get(int(message.sequence_number or 0)), clock)
-            return report.error is None
+            def act(message: ServiceBusReceivedMessage) -> bool:
+                _replay_one(receiver, sender, message, report, files.get(int(message.sequence_number or 0)), clock)
+                return report.error is None
 
-        each_selected(receiver, pending, act, progress)
+            each_selected(receiver, pending, act, progress)
     report.not_found = sorted(pending)
     return report
 
