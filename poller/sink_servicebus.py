@@ -14,6 +14,7 @@ from shared.config import PollerConfig
 from shared.messages import OutgoingMessage, pack_batch
 from shared.models import Batch, RowChange
 from shared.servicebus import QueueSender
+from shared.telemetry import metrics
 
 __all__ = ["ServiceBusSink"]
 
@@ -44,7 +45,9 @@ class ServiceBusSink:
         ]
 
     def send(self, batch: Batch) -> None:
-        self._sender.send_all(self.messages_for(batch))
+        messages = self.messages_for(batch)
+        self._sender.send_all(messages)
+        metrics.messages_enqueued.add(len(messages), {"poller": batch.poller})
 
     def close(self) -> None:
         self._sender.close()

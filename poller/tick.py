@@ -16,7 +16,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,9 +25,10 @@ from poller.events import to_batch
 from poller.lease import LeaseKeeper
 from poller.ports import Page, Sink, Source, StateStore
 from shared.config import PollerConfig
-from shared.errors import CommitAmbiguousError, FingerprintMismatchError, LostLeaseError
+from shared.errors import CommitAmbiguousError, CommitError, FingerprintMismatchError, LostLeaseError
 from shared.logs import get_logger, ids
 from shared.models import Batch, Checkpoint, StateDoc
+from shared.telemetry import metrics
 
 __all__ = ["TickResult", "default_owner_id", "run_tick"]
 
@@ -74,7 +76,9 @@ def run_tick(
     """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing)."""
     ttl = dt.timedelta(seconds=poller.lease_ttl_seconds)
     fingerprint = source.fingerprint
-    snap = store.try_acquire(owner_id or default_owner_id(), ttl, fingerprint)
+    log.debug("tick started", extra=ids(poller=poller.name))
+    with _stage("acquire", poller.name):
+        snap = store.try_acquire(owner_id or default_owner_id(), ttl, fingerprint)
     if snap is None:
         log.debug("lease held elsewhere; skipping tick", extra=ids(poller=poller.name))
         return TickResult(poller.name, "lease_held")
@@ -113,7 +117,9 @@ def _drain(
     rows = batches = nulls = 0
     reason: StopReason = "max_batches"
     for _ in range(poller.max_batches_per_tick):
-        page = source.fetch(keeper.checkpoint.position, poller.batch_size)
+        with _stage("fetch", poller.name):
+            page = source.fetch(keeper.checkpoint.position, poller.batch_size)
+        metrics.rows_fetched.add(len(page.rows), {"poller": poller.name})
         nulls = max(nulls, page.skipped_null_cursors)
         if not page.rows:
             reason = "caught_up"
@@ -133,7 +139,7 @@ def _drain(
 
 def _send(sink: Sink, keeper: LeaseKeeper, batch: Batch) -> None:
     # A slow send must not let the lease lapse: heartbeat in the background meanwhile (R11).
-    with keeper.renewing_in_background():
+    with _stage("send", batch.poller), keeper.renewing_in_background():
         sink.send(batch)
     log.info(
         "batch enqueued",
@@ -150,7 +156,8 @@ def _commit(keeper: LeaseKeeper, batch: Batch, page: Page, clock: Callable[[], d
         metadata={"row_count": len(page.rows)},
     )
     try:
-        keeper.commit(checkpoint)
+        with _stage("commit", batch.poller):
+            keeper.commit(checkpoint)
     except CommitAmbiguousError:
         # W5: the write may have landed. Reload: if it did, go on; if not, the batch is re-sent.
         if keeper.resolve_ambiguous(checkpoint):
@@ -161,7 +168,33 @@ def _commit(keeper: LeaseKeeper, batch: Batch, page: Page, clock: Callable[[], d
             extra=ids(poller=batch.poller, batch_id=batch.batch_id, window="W5"),
         )
         raise
+    except CommitError:
+        log.warning(
+            "checkpoint commit failed; the batch will be re-sent",
+            extra=ids(poller=batch.poller, batch_id=batch.batch_id, window="W1"),
+        )
+        raise
     log.info(
         "checkpoint committed",
         extra=ids(poller=batch.poller, batch_id=batch.batch_id, fencing_token=keeper.fencing_token),
     )
+    _record_success(batch, checkpoint)
+
+
+@contextmanager
+def _stage(stage: str, poller: str) -> Iterator[None]:
+    """Count a failure of this step by stage (the metric operators alert on); errors propagate."""
+    try:
+        yield
+    except Exception:
+        metrics.failures.add(1, {"stage": stage, "poller": poller})
+        raise
+
+
+def _record_success(batch: Batch, checkpoint: Checkpoint) -> None:
+    attrs = {"poller": batch.poller}
+    now = checkpoint.updated_at or _utcnow()
+    metrics.last_success_timestamp.record(now.timestamp(), attrs)
+    cursor = batch.events[-1].cursor
+    if isinstance(cursor, dt.datetime) and cursor.tzinfo is not None:
+        metrics.lag_seconds.record(max(0.0, (now - cursor).total_seconds()), attrs)
