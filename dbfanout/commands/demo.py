@@ -1,0 +1,62 @@
+"""``dbfanout demo``: run the whole pipeline locally and check the result (see ``dbfanout.demo``)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from dbfanout.commands.common import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, JsonOption, fail, print_json
+from dbfanout.demo import DemoOptions, run_demo
+from dbfanout.demo.services import ServiceError
+from dbfanout.demo.view import LiveView, render_summary
+
+__all__ = ["EXIT_INTERRUPTED", "demo", "register"]
+
+EXIT_INTERRUPTED = 130  # the shell convention for Ctrl-C
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM takes the same clean path as Ctrl-C: unwind, stopping every child on the way out.
+    raise KeyboardInterrupt
+
+
+def demo(
+    duration: Annotated[float, typer.Option("--duration", min=10, help="Seconds the writer runs")] = 60.0,
+    rate: Annotated[float, typer.Option("--rate", min=1, max=2000, help="Source changes per second")] = 50.0,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary app folder (its path is printed)")] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Run the whole pipeline locally: writer, poller, Service Bus, workers, a poison row, DLQ replay.
+
+    Exits 0 only when the target table matches the source exactly.
+    """
+    stderr = Console(stderr=True)
+    view = LiveView(stderr, live=stderr.is_terminal and not json_out)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with view:
+            summary = run_demo(DemoOptions(duration=duration, rate=rate, keep=keep), view.show)
+    except KeyboardInterrupt:
+        stderr.print("[yellow]interrupted: every process the demo started has been stopped[/]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (ServiceError, TimeoutError) as exc:
+        fail(str(exc), EXIT_USAGE if isinstance(exc, ServiceError) else EXIT_CHECK_FAILED)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if json_out:
+        print_json(summary)
+    else:
+        render_summary(summary, Console())
+    sys.stdout.flush()
+    raise typer.Exit(EXIT_OK if summary["ok"] else EXIT_CHECK_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``dbfanout demo`` on the CLI root."""
+    app.command("demo")(demo)

@@ -1,0 +1,135 @@
+"""The demo's Functions app folder: the real ``function_app.py`` plus a generated config.
+
+The folder mirrors a deployment (``function_app.py``, ``host.json``, ``handlers/`` copied from
+the checkout) with the demo's ``dbfanout.toml``, ``local.settings.json``, the SQLite source
+and target databases and the marker file that "fixes" the demo handler.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from dbfanout.demo.handler import FIX_SETTING
+from dbfanout.demo.services import ServiceError, project_root
+
+__all__ = ["APP_FILES", "SOURCE_DDL", "DemoApp", "sqlite_engine"]
+
+APP_FILES = ("function_app.py", "host.json")
+SOURCE_DDL = (
+    "CREATE TABLE orders ("
+    " id INTEGER PRIMARY KEY,"
+    " version INTEGER NOT NULL,"  # the cursor: one writer assigns it in commit order
+    " updated_at TEXT NOT NULL,"
+    " customer TEXT NOT NULL,"
+    " amount REAL NOT NULL,"
+    " status TEXT NOT NULL,"
+    " deleted_at TEXT)"
+)
+KEYSET_INDEX = "CREATE INDEX ix_orders_keyset ON orders (version, id)"
+
+# Why an integer version with settle_seconds = 0: the demo has one writer thread and SQLite lets
+# one write transaction run at a time, so versions become visible in the order they were
+# assigned and no row can commit behind the checkpoint (docs/cursors.md). A timestamp cursor
+# written by concurrent transactions would need a settle window instead.
+CONFIG_TEMPLATE = """\
+# Written by `dbfanout demo`.
+[app]
+name = "{app_name}"
+state_container = "db-state"
+state_connection = "DBFANOUT_STATE"
+servicebus_connection = "DBFANOUT_SERVICEBUS"
+
+[pollers.orders]
+source_url = "${{ORDERS_DB_URL}}"
+table = "orders"
+cursor = "version"
+pk = ["id"]
+queue = "{queue}"
+schedule = "*/1 * * * * *"
+batch_size = {batch_size}
+max_batches_per_tick = 50
+lease_ttl_seconds = 10
+settle_seconds = 0
+soft_delete_column = "deleted_at"
+split_after_deliveries = 2
+handler = "dbfanout.demo.handler:handle"
+"""
+
+
+def sqlite_engine(path: Path) -> sa.Engine:
+    """An engine on a WAL-mode SQLite file, so readers never block the writer (or the reverse)."""
+    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+    with engine.begin() as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    return engine
+
+
+@dataclass
+class DemoApp:
+    """Paths and settings of one demo app folder."""
+
+    root: Path
+    queue: str
+    settings: dict[str, str]
+    app_name: str = field(default_factory=lambda: "demo" + uuid.uuid4().hex[:6])
+
+    @property
+    def source_db(self) -> Path:
+        return self.root / "source.db"
+
+    @property
+    def target_db(self) -> Path:
+        return self.root / "target.db"
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / "dbfanout.toml"
+
+    @property
+    def fix_file(self) -> Path:
+        return self.root / "handler-fixed"
+
+    @property
+    def host_log(self) -> Path:
+        return self.root / "host.log"
+
+    @classmethod
+    def create(cls, root: Path, *, queue: str, storage: str, servicebus: str, batch_size: int = 100) -> DemoApp:
+        """Write the folder, create the source table and prepare the target database."""
+        source = project_root()
+        missing = [name for name in (*APP_FILES, "handlers") if not (source / name).exists()]
+        if missing:
+            raise ServiceError(
+                f"{', '.join(missing)} not found in {source}: run the demo from a dbfanout checkout "
+                "(pip install -e . or `make demo`)"
+            )
+        root.mkdir(parents=True, exist_ok=True)
+        for name in APP_FILES:
+            shutil.copy(source / name, root / name)
+        shutil.copytree(source / "handlers", root / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+        settings = {
+            "AzureWebJobsStorage": storage,
+            "FUNCTIONS_WORKER_RUNTIME": "python",
+            "DBFANOUT_CONFIG": "dbfanout.toml",
+            "DBFANOUT_STATE": storage,
+            "DBFANOUT_SERVICEBUS": servicebus,
+            "ORDERS_DB_URL": f"sqlite:///{root / 'source.db'}",
+            "TARGET_DB_URL": f"sqlite:///{root / 'target.db'}",
+            FIX_SETTING: str(root / "handler-fixed"),
+        }
+        (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
+        app = cls(root, queue, settings)
+        app.config_file.write_text(CONFIG_TEMPLATE.format(app_name=app.app_name, queue=queue, batch_size=batch_size))
+        engine = sqlite_engine(app.source_db)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(SOURCE_DDL)
+            conn.exec_driver_sql(KEYSET_INDEX)
+        engine.dispose()
+        sqlite_engine(app.target_db).dispose()  # WAL before the handler creates its tables
+        return app

@@ -1,0 +1,48 @@
+"""The demo's handler: the example handler, with a bug on "poison" rows until it is fixed.
+
+``handler = "dbfanout.demo.handler:handle"``. It replicates changes exactly like
+``handlers.example`` (target table, processed-events helper), except that a batch holding a row
+whose ``status`` is ``"poison"`` raises - the kind of bug a real handler has for one odd row.
+The demo "deploys the fix" by creating the file named by the app setting
+``DBFANOUT_DEMO_FIX_FILE``; the check runs on every call, so the running host sees the fix at
+once without a restart.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shared.models import HandlerContext, RowChange
+
+__all__ = ["FIX_SETTING", "POISON_STATUS", "PoisonRowError", "handle", "is_fixed", "is_poison"]
+
+FIX_SETTING = "DBFANOUT_DEMO_FIX_FILE"
+POISON_STATUS = "poison"
+
+
+class PoisonRowError(RuntimeError):
+    """The demo's deliberate handler bug: raised for a poison row until the fix file exists."""
+
+
+def is_poison(event: RowChange) -> bool:
+    """Whether the change carries the demo's poison marker."""
+    return event.after is not None and event.after.get("status") == POISON_STATUS
+
+
+def is_fixed() -> bool:
+    """Whether the fix is "deployed": the marker file named by the setting exists."""
+    marker = os.environ.get(FIX_SETTING)
+    return marker is not None and Path(marker).exists()
+
+
+def handle(events: list[RowChange], context: HandlerContext) -> None:
+    """Fail the whole message on a poison row (until fixed), else replicate like the example."""
+    poison = [e for e in events if is_poison(e)]
+    if poison and not is_fixed():
+        pks = ", ".join(str(e.pk) for e in poison)
+        raise PoisonRowError(f"demo bug: cannot handle poison row(s) {pks} (delivery {context.delivery_count})")
+    # Imported here: ``handlers`` is the app folder's package, on sys.path only inside the host.
+    from handlers.example import handle as replicate
+
+    replicate(events, context)

@@ -1,0 +1,114 @@
+"""What the live view shows, read from the pipeline's own records.
+
+* enqueued: the poller's committed checkpoint in its state blob (the cursor is the writer's
+  version, so it counts the changes handed to Service Bus);
+* handled / distinct / duplicates: the example handler's processed-events and duplicates tables;
+* queue and DLQ depth: the in-process emulator.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from azure.core.exceptions import AzureError, ResourceNotFoundError
+from azure.storage.blob import BlobServiceClient
+
+from dbfanout.demo.writer import SourceWriter
+from sbemulator import Emulator
+from shared.codec import decode_state
+
+__all__ = ["Probe", "Snapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One refresh of the live view."""
+
+    elapsed: float
+    phase: str
+    written: dict[str, int]
+    version: int  # the writer's last version: changes written so far
+    enqueued: int  # changes up to the committed checkpoint
+    lag_changes: int
+    lag_seconds: float
+    queue_messages: int
+    handled: int  # handler invocations per event, duplicates included
+    distinct: int  # distinct event ids handled
+    duplicates: int  # handled - distinct: redeliveries absorbed by the processed-events table
+    dlq: int
+    log: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "enqueued_changes": self.enqueued,
+            "handled_events": self.handled,
+            "distinct_events": self.distinct,
+            "duplicates_absorbed": self.duplicates,
+            "queue_messages": self.queue_messages,
+            "dlq": self.dlq,
+        }
+
+
+class Probe:
+    """Reads the counters; cheap enough to run twice a second."""
+
+    def __init__(
+        self, *, storage: str, app_name: str, poller: str, queue: str, emulator: Emulator, target: sa.Engine
+    ) -> None:
+        self._blob = BlobServiceClient.from_connection_string(storage).get_blob_client(
+            "db-state", f"state/{app_name}/{poller}.json"
+        )
+        self._queue = queue
+        self._emulator = emulator
+        self.target = target
+        self._last_checkpoint = 0
+
+    def checkpoint(self) -> int:
+        """The committed checkpoint's cursor (0 before the first commit); the last value on a read error."""
+        try:
+            doc = decode_state(self._blob.download_blob(timeout=5).readall())
+        except ResourceNotFoundError:
+            return 0
+        except AzureError:
+            return self._last_checkpoint  # a slow read must not stall the view
+        position = doc.checkpoint.position
+        if position is not None and isinstance(position.cursor, int):
+            self._last_checkpoint = position.cursor
+        return self._last_checkpoint
+
+    def queue_depths(self) -> tuple[int, int]:
+        """(messages in the queue, messages in its dead-letter queue)."""
+        stats = self._emulator.queue_stats(self._queue)
+        return stats["messages"], stats["dead_lettered"]
+
+    def handled(self) -> tuple[int, int]:
+        """(distinct events handled, duplicates absorbed)."""
+        counts = []
+        with self.target.connect() as conn:
+            for table in ("dbfanout_processed_events", "dbfanout_example_duplicates"):
+                exists = conn.execute(sa.text("SELECT 1 FROM sqlite_master WHERE name = :t"), {"t": table}).first()
+                counts.append(int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()) if exists else 0)
+        return counts[0], counts[1]
+
+    def snapshot(self, writer: SourceWriter, *, started: float, phase: str, log: tuple[str, ...]) -> Snapshot:
+        enqueued = self.checkpoint()
+        messages, dlq = self.queue_depths()
+        distinct, duplicates = self.handled()
+        return Snapshot(
+            elapsed=time.monotonic() - started,
+            phase=phase,
+            written=dict(writer.ops),
+            version=writer.version,
+            enqueued=enqueued,
+            lag_changes=max(0, writer.version - enqueued),
+            lag_seconds=writer.seconds_behind(enqueued),
+            queue_messages=messages,
+            handled=distinct + duplicates,
+            distinct=distinct,
+            duplicates=duplicates,
+            dlq=dlq,
+            log=log,
+        )

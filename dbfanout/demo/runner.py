@@ -1,0 +1,271 @@
+"""The demo's story, start to finish: services up, write, poison, fix, replay, drain, verify.
+
+Timeline for ``--duration D``:
+
+* 0: the writer starts; the host polls every second and the handler replicates;
+* D/4: one poison row is written. The handler fails its batch; on the 2nd delivery the worker
+  splits it into single events; the good ones go through, the poison one fails
+  ``MaxDeliveryCount`` (3) times and lands in the dead-letter queue;
+* D/2 (or as soon as the DLQ holds it): the fix is "deployed" (a marker file the handler checks)
+  and the operator replays the DLQ with ``dbfanout dlq replay``;
+* D: the writer stops; the demo waits (bounded) until the checkpoint reaches the last change,
+  the queue and the DLQ are empty and the target matches the source, then compares them.
+
+Everything started is stopped on the way out, Ctrl-C included (one ``ExitStack``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dbfanout.demo.appdir import DemoApp, sqlite_engine
+from dbfanout.demo.compare import Comparison, compare, read_source, read_target
+from dbfanout.demo.operator import ReplayRun
+from dbfanout.demo.probe import Probe, Snapshot
+from dbfanout.demo.services import ChildProcess, ServiceError, start_azurite, start_servicebus, wait_for
+from dbfanout.demo.writer import SourceWriter
+
+__all__ = ["DemoOptions", "run_demo"]
+
+QUEUE = "orders-changes"
+POLLER = "orders"
+MAX_DELIVERY_COUNT = 3
+LOCK_DURATION = "PT10S"
+REFRESH = 0.5  # seconds between live-view refreshes (and condition checks)
+HOST_START_TIMEOUT = 90.0
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    duration: float = 60.0
+    rate: float = 50.0
+    keep: bool = False
+    seed: int | None = None
+
+    @property
+    def drain_timeout(self) -> float:
+        # Generous on 2 cores: the backlog at the end, plus time for a late DLQ and replay.
+        return 60.0 + self.duration * self.rate / 100.0
+
+
+@dataclass
+class _Story:
+    """What has happened so far (the live view's log, the summary's facts)."""
+
+    started: float = field(default_factory=time.monotonic)
+    phase: str = "writing"
+    log: list[str] = field(default_factory=list)
+    dlq_peak: int = 0
+    poison_announced: bool = False
+    fixed: bool = False
+    replay: ReplayRun | None = None
+    drain_started: float | None = None
+    drain_seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    def say(self, line: str) -> None:
+        self.log.append(line)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def _child_env(app: DemoApp) -> dict[str, str]:
+    """The demo's environment minus the app's settings: local.settings.json decides, as with func."""
+    env = {k: v for k, v in os.environ.items() if k not in app.settings}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _start_host(app: DemoApp, env: dict[str, str]) -> ChildProcess:
+    args = [sys.executable, "-m", "dbfanout.cli", "run", "--app-root", str(app.root), "--grace", "10",
+            "--log-level", "WARNING"]  # fmt: skip
+    host = ChildProcess(args, cwd=app.root, env=env, log=app.host_log)
+
+    def ready() -> bool:
+        text = app.host_log.read_text(errors="replace") if app.host_log.exists() else ""
+        return "dbfanout host running" in text or not host.alive()
+
+    try:
+        wait_for(ready, HOST_START_TIMEOUT, "the local Functions host to start")
+    except BaseException:
+        host.stop()
+        raise
+    if not host.alive():
+        tail = "\n".join(app.host_log.read_text(errors="replace").splitlines()[-15:])
+        raise ServiceError(f"the local Functions host exited at start-up:\n{tail}")
+    return host
+
+
+def _ignore_signals() -> None:
+    # Shutting down: a second Ctrl-C must not cut the clean-up short and orphan a child.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread (tests): nothing to do
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str, Any]:
+    """Run the whole demo; returns the summary (``summary["ok"]`` only on an exact match)."""
+    workdir = Path(tempfile.mkdtemp(prefix="dbfanout-demo-"))
+    with contextlib.ExitStack() as stack:
+        if not options.keep:
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        emulator = start_servicebus(QUEUE, max_delivery_count=MAX_DELIVERY_COUNT, lock_duration=LOCK_DURATION)
+        stack.callback(emulator.stop)
+        azurite = start_azurite(workdir)
+        stack.callback(azurite.stop)
+        app = DemoApp.create(
+            workdir / "app", queue=QUEUE, storage=azurite.connection_string, servicebus=emulator.connection_string
+        )
+        env = _child_env(app)
+        host = _start_host(app, env)
+        stack.callback(host.stop)
+        target = sqlite_engine(app.target_db)
+        stack.callback(target.dispose)
+        probe = Probe(
+            storage=azurite.connection_string, app_name=app.app_name, poller=POLLER, queue=QUEUE,
+            emulator=emulator, target=target,
+        )  # fmt: skip
+        writer = SourceWriter(app.source_db, options.rate, seed=options.seed)
+        stack.callback(_stop_quietly, writer)
+        story = _Story()
+        stack.callback(_stop_replay, story)
+        stack.callback(_ignore_signals)  # registered last: runs first on the way out
+        writer.start()
+        story.say(f"writing ~{options.rate:g} changes/s to orders; the host polls every second")
+        _loop(options, story, writer, probe, host, show, app, env)
+        last = probe.snapshot(writer, started=story.started, phase="done", log=tuple(story.log))
+        show(last)
+        check = compare(read_source(writer.engine), read_target(target))
+        summary = _summary(options, story, writer, last, check, app if options.keep else None)
+    return summary
+
+
+def _loop(
+    options: DemoOptions,
+    story: _Story,
+    writer: SourceWriter,
+    probe: Probe,
+    host: ChildProcess,
+    show: Callable[[Snapshot], None],
+    app: DemoApp,
+    env: dict[str, str],
+) -> None:
+    """Refresh the view and move the story on, until drained (or out of time)."""
+    last_compare = 0.0
+    while True:
+        snap = probe.snapshot(writer, started=story.started, phase=story.phase, log=tuple(story.log))
+        show(snap)
+        _advance(options, story, writer, snap, app, env)
+        if not host.alive():
+            story.problems.append(f"the host process exited unexpectedly (see {app.host_log})")
+            return
+        if story.drain_started is not None:
+            story.drain_seconds = time.monotonic() - story.drain_started
+            if _drained(story, writer, snap) and time.monotonic() - last_compare >= 1.0:
+                last_compare = time.monotonic()
+                if compare(read_source(writer.engine), read_target(probe.target)).ok:
+                    story.say(f"drained in {story.drain_seconds:.1f} s: target matches source")
+                    return
+            if story.drain_seconds > options.drain_timeout:
+                story.problems.append(f"the pipeline did not drain within {options.drain_timeout:.0f} s")
+                return
+        time.sleep(REFRESH)  # pacing of the view; every wait above is on a condition
+
+
+def _drained(story: _Story, writer: SourceWriter, snap: Snapshot) -> bool:
+    replay_done = story.replay is not None and story.replay.poll()
+    return bool(replay_done) and snap.enqueued >= writer.version and snap.queue_messages == 0 and snap.dlq == 0
+
+
+def _advance(
+    options: DemoOptions, story: _Story, writer: SourceWriter, snap: Snapshot, app: DemoApp, env: dict[str, str]
+) -> None:
+    """Take the next step of the story when its moment (and its precondition) has come."""
+    t = story.elapsed()
+    story.dlq_peak = max(story.dlq_peak, snap.dlq)
+    if writer.poison_id is None and t >= options.duration / 4 and story.phase == "writing":
+        writer.inject_poison()
+        story.phase = "poisoned"
+        story.say("injecting a poison row: the handler has a bug for status = 'poison'")
+    if story.phase == "poisoned" and writer.poison_id is not None and not story.poison_announced:
+        story.poison_announced = True
+        story.say(f"poison row id={writer.poison_id} written; its batch fails, is split, its single event retries")
+    if story.phase == "poisoned" and snap.dlq > 0 and not story.fixed:
+        story.say(f"DLQ: {snap.dlq} message dead-lettered after {MAX_DELIVERY_COUNT} deliveries; "
+                  "the other rows kept flowing")  # fmt: skip
+        story.phase = "quarantined"
+    if story.phase == "quarantined" and t >= options.duration / 2:
+        app.fix_file.touch()  # the handler checks this file on every call: the fix is live at once
+        story.fixed = True
+        story.say("fix deployed; operator runs: dbfanout dlq replay orders-changes --all --yes")
+        story.replay = ReplayRun(app, env)
+        story.phase = "replaying"
+    if story.phase == "replaying" and story.replay is not None and story.replay.poll():
+        if story.replay.exit_code == 0:
+            story.say(f"replayed {story.replay.replayed} message(s) from the DLQ into {app.queue}")
+        else:
+            story.problems.append(f"dlq replay failed: {story.replay.error}")
+            story.say(f"dlq replay failed: {story.replay.error}")
+        story.phase = "replayed"
+    if story.drain_started is None and t >= options.duration:
+        writer.stop()
+        story.drain_started = time.monotonic()
+        story.say(f"writer stopped after {writer.version:,} changes; waiting for the pipeline to drain")
+        story.phase = f"draining ({story.phase})" if story.phase not in ("replayed",) else "draining"
+
+
+def _summary(
+    options: DemoOptions,
+    story: _Story,
+    writer: SourceWriter,
+    last: Snapshot,
+    check: Comparison,
+    kept: DemoApp | None,
+) -> dict[str, Any]:
+    replay = story.replay
+    replayed = replay.replayed if replay is not None else 0
+    problems = list(story.problems)
+    if story.dlq_peak == 0:
+        problems.append("the poison row never reached the dead-letter queue")
+    if replayed == 0:
+        problems.append("nothing was replayed from the dead-letter queue")
+    ok = check.ok and not problems and last.dlq == 0
+    return {
+        "ok": ok,
+        "duration_s": options.duration,
+        "rate": options.rate,
+        "written": {**writer.ops, "total": writer.written},
+        "pipeline": {**last.to_json()},
+        "dlq": {
+            "poison_id": writer.poison_id,
+            "dead_lettered": story.dlq_peak,
+            "replayed": replayed,
+            "left": last.dlq,
+            "replay_exit_code": replay.exit_code if replay is not None else None,
+        },
+        "check": check.to_json(),
+        "drain_seconds": round(story.drain_seconds, 2),
+        "problems": problems,
+        "app_dir": str(kept.root.parent) if kept is not None else None,
+    }
+
+
+def _stop_quietly(writer: SourceWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.stop()
+
+
+def _stop_replay(story: _Story) -> None:
+    if story.replay is not None:
+        story.replay.stop()

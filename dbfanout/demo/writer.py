@@ -1,0 +1,155 @@
+"""The demo's source writer: inserts, updates and soft deletes on ``orders`` at a steady rate.
+
+One thread, small transactions every ~50 ms. It is the only writer, and it assigns the
+``version`` cursor itself, so versions become visible in order (see ``appdir.CONFIG_TEMPLATE``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import random
+import threading
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from dbfanout.demo.appdir import sqlite_engine
+from dbfanout.demo.handler import POISON_STATUS
+
+__all__ = ["SourceWriter"]
+
+CUSTOMERS = ("ada", "grace", "linus", "margaret", "ken", "barbara", "dennis", "frances")
+STATUSES = ("new", "paid", "packed", "shipped")
+MAX_OPS_PER_TXN = 200  # catch up after a stall in bounded transactions
+MIN_LIVE = 20  # below this many live rows, only insert (updates and deletes need targets)
+TICK = 0.05
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+
+
+class SourceWriter:
+    """Writes changes from a thread; ``stop()`` ends it, counters say what it wrote."""
+
+    def __init__(self, path: Path, rate: float, *, seed: int | None = None) -> None:
+        self.engine = sqlite_engine(path)
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.ops = {"insert": 0, "update": 0, "delete": 0}
+        self.version = 0
+        self.poison_id: int | None = None
+        self.error: BaseException | None = None
+        self._next_id = 1
+        self._live: list[int] = []
+        self._written_at: list[float] = []  # monotonic time of each version (index = version - 1)
+        self._poison_requested = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-source-writer", daemon=True)
+
+    @property
+    def written(self) -> int:
+        return sum(self.ops.values())
+
+    def start(self) -> SourceWriter:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop writing and wait for the last transaction; re-raises a writer error."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.engine.dispose()
+        if self.error is not None:
+            raise self.error
+
+    def inject_poison(self) -> None:
+        """Ask for one poison row in the next transaction (``poison_id`` is set once written)."""
+        self._poison_requested.set()
+
+    def seconds_behind(self, version: int) -> float:
+        """How long ago the first change after ``version`` was written (0 when none is pending)."""
+        if version >= self.version:
+            return 0.0
+        return max(0.0, time.monotonic() - self._written_at[max(version, 0)])
+
+    def version_at(self, moment: float) -> int:
+        """The last version written at or before the monotonic time ``moment``."""
+        return bisect.bisect_right(self._written_at, moment)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                due = int(self.rate * (time.monotonic() - started)) - self.written
+                if due > 0 or self._poison_requested.is_set():
+                    with self.engine.begin() as conn:
+                        if self._poison_requested.is_set():
+                            self._poison(conn)
+                        for _ in range(min(due, MAX_OPS_PER_TXN)):
+                            self._one(conn)
+                self._stop.wait(TICK)
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+
+    def _bump(self) -> int:
+        self.version += 1
+        self._written_at.append(time.monotonic())
+        return self.version
+
+    def _one(self, conn: sa.Connection) -> None:
+        roll = self.rng.random()
+        if len(self._live) >= MIN_LIVE and roll < 0.30:
+            self._update(conn)
+        elif len(self._live) >= MIN_LIVE and roll < 0.42:
+            self._delete(conn)
+        else:
+            self._live.append(self._insert(conn))
+
+    def _insert(self, conn: sa.Connection, status: str | None = None) -> int:
+        row_id = self._next_id
+        self._next_id += 1
+        conn.execute(
+            sa.text(
+                "INSERT INTO orders (id, version, updated_at, customer, amount, status)"
+                " VALUES (:id, :version, :at, :customer, :amount, :status)"
+            ),
+            {
+                "id": row_id,
+                "version": self._bump(),
+                "at": _now(),
+                "customer": self.rng.choice(CUSTOMERS),
+                "amount": round(self.rng.uniform(1, 500), 2),
+                "status": status or STATUSES[0],
+            },
+        )
+        self.ops["insert"] += 1
+        return row_id
+
+    def _update(self, conn: sa.Connection) -> None:
+        row_id = self.rng.choice(self._live)
+        conn.execute(
+            sa.text("UPDATE orders SET version = :version, updated_at = :at, amount = :amount, status = :status"
+                    " WHERE id = :id"),
+            {"id": row_id, "version": self._bump(), "at": _now(), "amount": round(self.rng.uniform(1, 500), 2),
+             "status": self.rng.choice(STATUSES)},
+        )  # fmt: skip
+        self.ops["update"] += 1
+
+    def _delete(self, conn: sa.Connection) -> None:
+        # A soft delete: the poller only sees deletions it can read (deleted_at set, new version).
+        row_id = self._live.pop(self.rng.randrange(len(self._live)))
+        at = _now()
+        conn.execute(
+            sa.text("UPDATE orders SET version = :version, updated_at = :at, deleted_at = :at WHERE id = :id"),
+            {"id": row_id, "version": self._bump(), "at": at},
+        )
+        self.ops["delete"] += 1
+
+    def _poison(self, conn: sa.Connection) -> None:
+        # Kept out of the live list: later updates would be new poison events after the fix.
+        self.poison_id = self._insert(conn, status=POISON_STATUS)
+        self._poison_requested.clear()
