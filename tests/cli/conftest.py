@@ -81,7 +81,7 @@ class Workspace:
 
     def run(self, *args: str, input: str | None = None) -> Result:
         """``dbfanout ARGS --config dbfanout.toml`` in-process (stdin is not a terminal)."""
-        return CliRunner().invoke(app, [*args, "--config", str(self.config_path)], input=input)
+        return CliRunner(env={"COLUMNS": "250"}).invoke(app, [*args, "--config", str(self.config_path)], input=input)
 
     def store(self, poller: str = "orders") -> BlobStateStore:
         conn = StorageConnection(connection_string=self.azurite.connection_string)

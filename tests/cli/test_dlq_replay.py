@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from azure.servicebus import ServiceBusMessage
 
 from dbfanout.ops.bus import peek_all
+from shared.servicebus import QueueSender
+from worker.consumer import settle_received
+from worker.runtime import Worker
+from worker.split import Splitter
 from tests.cli.conftest import dead_letter
 
 pytestmark = pytest.mark.integration
@@ -28,4 +34,103 @@ def test_replay_all_sends_copies_with_new_ids_then_empties_the_dlq(workspace, bu
     assert all(c.application_properties["dbfanout-replay-reason"] == "HandlerFailed" for c in copies)
     assert all("DeadLetterReason" not in c.application_properties for c in copies)
     assert {c.body for c in copies} == {b'{"n": 1}', b'{"n": 2}', b'{"n": 3}'}
+    assert workspace.emulator.queue_stats(workspace.queue)["dead_lettered"] == 0
+
+
+def _consume(bus, queue: str, worker, done, timeout: float = 60.0) -> None:
+    """Receive and settle like the Functions host until ``done()`` holds."""
+    deadline = time.monotonic() + timeout
+    with bus.get_queue_receiver(queue) as receiver:
+        while not done():
+            assert time.monotonic() < deadline, "the queue did not reach the expected state in time"
+            for message in receiver.receive_messages(max_message_count=20, max_wait_time=0.5):
+                settle_received(receiver, message, worker.process)
+
+
+def test_replay_inside_the_duplicate_detection_window_redelivers_and_the_fixed_handler_succeeds(workspace, bus):
+    # Given rows whose messages a broken handler drove into the DLQ (retries, split, then DLQ)
+    workspace.source.upsert([1, 2, 3])
+    assert workspace.tick(sink=workspace.bus_sink(bus)).rows == 3
+    config = workspace.config
+    handled: list[int] = []
+    broken = True
+
+    def handler(events, context) -> None:
+        if broken:
+            raise RuntimeError("handler bug")
+        handled.extend(e.pk["id"] for e in events)
+
+    senders: dict[str, QueueSender] = {}
+    splitter = Splitter(config, lambda q, ms: senders.setdefault(q, QueueSender(bus, q)).send_all(ms))
+    worker = Worker(config, splitter=splitter, handlers={"orders": handler})
+    stats = lambda: workspace.emulator.queue_stats(workspace.queue)  # noqa: E731
+    _consume(bus, workspace.queue, worker, lambda: stats()["dead_lettered"] == 3 and stats()["messages"] == 0)
+    originals = [v.message_id for v in peek_all(bus, workspace.queue)]
+    # (a re-send with an original id is dropped: we are inside the duplicate-detection window)
+    with bus.get_queue_sender(workspace.queue) as sender:
+        sender.send_messages(ServiceBusMessage(b"{}", message_id=originals[0]))
+    assert stats()["messages"] == 0
+    # When the handler is fixed and the operator replays the DLQ
+    broken = False
+    result = workspace.run("dlq", "replay", workspace.queue, "--reason", "MaxDeliveryCountExceeded", "--yes")
+    # Then the copies are delivered (new ids), the handler succeeds for every row, the DLQ is empty
+    assert result.exit_code == 0, result.output + result.stderr
+    assert stats()["dead_lettered"] == 0
+    _consume(bus, workspace.queue, worker, lambda: sorted(handled) == [1, 2, 3])
+    assert stats()["messages"] == 0 and stats()["dead_lettered"] == 0
+    for sender in senders.values():
+        sender.close()
+
+
+def test_peek_filters_and_shows_the_envelope_summary(workspace, bus):
+    body = b'{"schema": "dbfanout.batch/1", "poller": "orders", "events": [{"pk": {"id": 7}}]}'
+    dead_letter(bus, workspace.queue, [body], reason="HandlerFailed")
+    dead_letter(bus, workspace.queue, [b"not json"], reason="EnvelopeError")
+    result = workspace.run("dlq", "peek", workspace.queue, "--reason", "HandlerFailed", "--json")
+    assert result.exit_code == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["dead_letter_reason"] == "HandlerFailed" and row["first_pks"] == [{"id": 7}]
+    assert row["poller"] == "orders" and row["event_count"] == 1
+    table = workspace.run("dlq", "peek", workspace.queue)
+    assert table.exit_code == 0 and "EnvelopeError" in table.stdout
+    assert workspace.run("dlq", "peek", workspace.queue, "--since", "yesterday").exit_code == 2
+
+
+def test_export_then_replay_from_the_repaired_file(workspace, bus, tmp_path):
+    # Given a poison message exported, and its body repaired in the file
+    dead_letter(bus, workspace.queue, [b'{"v": "poison"}'])
+    out = tmp_path / "dlq.jsonl"
+    assert workspace.run("dlq", "export", workspace.queue, "--out", str(out)).exit_code == 0
+    line = json.loads(out.read_text())
+    line["body"] = '{"v": "fixed"}'
+    out.write_text(json.dumps(line) + "\n")
+    # When it is replayed from the file
+    result = workspace.run("dlq", "replay", workspace.queue, "--from-file", str(out), "--yes")
+    # Then the repaired body was sent and the original left the DLQ
+    assert result.exit_code == 0, result.stderr
+    (copy,) = peek_all(bus, workspace.queue, dead_letter=False)
+    assert copy.body == b'{"v": "fixed"}'
+    assert workspace.emulator.queue_stats(workspace.queue)["dead_lettered"] == 0
+
+
+def test_replay_refusals_and_dry_run(workspace, bus):
+    dead_letter(bus, workspace.queue, [b"a", b"b"])
+    nothing = workspace.run("dlq", "replay", workspace.queue, "--yes")
+    assert nothing.exit_code == 2 and "--all" in nothing.stderr
+    no_yes = workspace.run("dlq", "replay", workspace.queue, "--all")
+    assert no_yes.exit_code == 3 and "--yes" in no_yes.stderr
+    dry = workspace.run("dlq", "replay", workspace.queue, "--all", "--dry-run", "--json")
+    assert dry.exit_code == 0 and json.loads(dry.stdout)["selected"] == 2
+    assert workspace.emulator.queue_stats(workspace.queue)["dead_lettered"] == 2
+    missing = workspace.run("dlq", "peek", "no-such-queue")
+    assert missing.exit_code == 1 and "does not exist" in missing.stderr
+
+
+def test_purge_needs_yes_and_respects_older_than(workspace, bus):
+    dead_letter(bus, workspace.queue, [b"a", b"b"])
+    assert workspace.run("dlq", "purge", workspace.queue).exit_code == 3
+    young = workspace.run("dlq", "purge", workspace.queue, "--older-than", "1h", "--yes", "--json")
+    assert young.exit_code == 0 and json.loads(young.stdout)["purged"] == 0
+    everything = workspace.run("dlq", "purge", workspace.queue, "--yes", "--json")
+    assert everything.exit_code == 0 and json.loads(everything.stdout)["purged"] == 2
     assert workspace.emulator.queue_stats(workspace.queue)["dead_lettered"] == 0
