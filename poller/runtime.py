@@ -13,11 +13,13 @@ from azure.servicebus import ServiceBusClient
 
 from poller.ports import Sink, Source, StateStore
 from poller.sink_servicebus import ServiceBusSink
+from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
 from poller.tick import TickResult, default_owner_id, run_tick
 from shared.config import Config
 from shared.servicebus import QueueSender, servicebus_client
 from shared.settings import servicebus_connection, storage_connection
+from shared.storagequeue import StorageQueueSender, queue_service_client
 
 __all__ = ["PollerRuntime", "Runtimes"]
 
@@ -64,12 +66,21 @@ class PollerRuntime:
     @property
     def sink(self) -> Sink:
         if self._sink is None:
-            if self._bus is None:
-                conn = servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
-                client = servicebus_client(conn)
-                self._bus = lambda: client
-            self._sink = ServiceBusSink(self.poller, QueueSender(self._bus(), self.poller.queue))
+            self._sink = self._storage_queue_sink() if self.poller.transport == "storage-queue" else self._bus_sink()
         return self._sink
+
+    def _bus_sink(self) -> Sink:
+        if self._bus is None:
+            client = servicebus_client(
+                servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
+            )
+            self._bus = lambda: client
+        return ServiceBusSink(self.poller, QueueSender(self._bus(), self.poller.queue))
+
+    def _storage_queue_sink(self) -> Sink:
+        conn = storage_connection(self.config.settings, self.config.app.storage_queue_connection)
+        queue = queue_service_client(conn).get_queue_client(self.poller.queue)
+        return StorageQueueSink(self.poller, StorageQueueSender(queue))
 
     def tick(self) -> TickResult:
         with self._lock:

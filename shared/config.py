@@ -44,6 +44,12 @@ class AppConfig:
     state_container: str = "db-state"
     state_connection: str = "DBFANOUT_STATE"
     servicebus_connection: str = "DBFANOUT_SERVICEBUS"
+    # storage-queue transport: the setting (or prefix) of its storage account; default: state_connection
+    queue_connection: str | None = None
+
+    @property
+    def storage_queue_connection(self) -> str:
+        return self.queue_connection or self.state_connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +154,7 @@ def parse_config(data: Mapping[str, Any], settings: Settings, *, path: Path | No
         state_container=_str(app_raw, "app", "state_container", "db-state"),
         state_connection=_str(app_raw, "app", "state_connection", "DBFANOUT_STATE"),
         servicebus_connection=_str(app_raw, "app", "servicebus_connection", "DBFANOUT_SERVICEBUS"),
+        queue_connection=_str(app_raw, "app", "queue_connection", None),
     )
     _reject_unknown(app_raw, "app", {f for f in AppConfig.__dataclass_fields__})
     pollers_raw = data.get("pollers")

@@ -17,17 +17,35 @@ import azure.functions as func
 from azure.servicebus import ServiceBusClient
 
 from shared.config import Config
+from shared.errors import ConfigError
 from shared.messages import OutgoingMessage
 from shared.servicebus import QueueSender, servicebus_client
-from shared.settings import servicebus_connection
+from shared.settings import servicebus_connection, storage_connection
+from shared.storagequeue import StorageQueueSender, queue_service_client
 from worker.runtime import Delivery, Worker
 from worker.split import Splitter
 
-__all__ = ["WorkerApp", "delivery_from_functions", "queue_function_name", "worker_blueprint"]
+__all__ = [
+    "WorkerApp",
+    "delivery_from_functions",
+    "delivery_from_storage_queue",
+    "queue_function_name",
+    "worker_blueprint",
+]
 
 
 def queue_function_name(queue: str) -> str:
     return "work_" + re.sub(r"\W", "_", queue)
+
+
+def delivery_from_storage_queue(msg: func.QueueMessage) -> Delivery:
+    """A queue-trigger message (the host already decoded the base64 text; dequeue count is 1-based)."""
+    return Delivery(
+        body=msg.get_body(),
+        message_id=msg.id or "",
+        delivery_count=int(msg.dequeue_count or 1),
+        enqueued_time=msg.insertion_time,
+    )
 
 
 def delivery_from_functions(msg: func.ServiceBusMessage) -> Delivery:
@@ -50,16 +68,24 @@ class WorkerApp:
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._bus: ServiceBusClient | None = None
-        self._senders: dict[str, QueueSender] = {}
+        self._senders: dict[str, QueueSender | StorageQueueSender] = {}
 
     def _send_all(self, queue: str, messages: list[OutgoingMessage]) -> None:
+        """Where split singles go: back to the queue they came from, over its transport."""
         with self._lock:
-            if self._bus is None:
-                self._bus = servicebus_client(
-                    servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
-                )
-            sender = self._senders.setdefault(queue, QueueSender(self._bus, queue))
+            if queue not in self._senders:
+                self._senders[queue] = self._sender_for(queue)
+            sender = self._senders[queue]
         sender.send_all(messages)
+
+    def _sender_for(self, queue: str) -> QueueSender | StorageQueueSender:
+        app = self.config.app
+        if _transport(self.config, queue) == "storage-queue":
+            conn = storage_connection(self.config.settings, app.storage_queue_connection)
+            return StorageQueueSender(queue_service_client(conn).get_queue_client(queue))
+        if self._bus is None:
+            self._bus = servicebus_client(servicebus_connection(self.config.settings, app.servicebus_connection))
+        return QueueSender(self._bus, queue)
 
     @property
     def worker(self) -> Worker:
@@ -72,6 +98,9 @@ class WorkerApp:
 
     def process(self, msg: func.ServiceBusMessage) -> None:
         self.worker.process(delivery_from_functions(msg))
+
+    def process_queue_message(self, msg: func.QueueMessage) -> None:
+        self.worker.process(delivery_from_storage_queue(msg))
 
     def close(self) -> None:
         with self._lock:
@@ -89,6 +118,12 @@ def worker_blueprint(
     bp = func.Blueprint()
     shared = worker_app or WorkerApp(config, app_root)
     for queue, pollers in config.queues().items():
+        if _transport(config, queue) == "storage-queue":
+            queue_trigger = bp.queue_trigger(
+                arg_name="msg", queue_name=queue, connection=config.app.storage_queue_connection
+            )
+            bp.function_name(queue_function_name(queue))(queue_trigger(_storage_queue(shared, queue)))
+            continue
         many = any(p.cardinality == "many" for p in pollers)
         sessions = any(p.sessions for p in pollers)
         fn = _many(shared, queue) if many else _one(shared, queue)
@@ -101,6 +136,26 @@ def worker_blueprint(
         )
         bp.function_name(queue_function_name(queue))(trigger(fn))
     return bp
+
+
+def _transport(config: Config, queue: str) -> str:
+    """The transport of a queue; pollers sharing a queue must agree on it."""
+    transports = {p.transport for p in config.queues()[queue]}
+    if len(transports) > 1:
+        names = ", ".join(sorted(p.name for p in config.queues()[queue]))
+        raise ConfigError(
+            f"pollers.{config.queues()[queue][0].name}.transport",
+            f"pollers {names} share queue {queue} but not its transport",
+        )
+    return transports.pop()
+
+
+def _storage_queue(app: WorkerApp, queue: str) -> Callable[[func.QueueMessage], None]:
+    def work(msg: func.QueueMessage) -> None:
+        app.process_queue_message(msg)
+
+    work.__name__ = queue_function_name(queue)
+    return work
 
 
 def _one(app: WorkerApp, queue: str) -> Callable[[func.ServiceBusMessage], None]:

@@ -87,3 +87,20 @@ def test_bad_config_fails_at_indexing_naming_the_key(tmp_path: Path, monkeypatch
     with pytest.raises(ConfigError) as info:
         _import_app(tmp_path, monkeypatch, CONFIG.replace('schedule = "*/5 * * * * *"', 'schedule = "*/5 * * * *"'))
     assert info.value.key == "pollers.orders.schedule"
+
+
+def test_a_storage_queue_poller_gets_a_queue_trigger_on_the_storage_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = CONFIG.replace('queue = "orders-changes"', 'queue = "orders-changes"\ntransport = "storage-queue"')
+    module = _import_app(tmp_path, monkeypatch, text)
+    functions = {f.get_function_name(): json.loads(f.get_function_json()) for f in module.app.get_functions()}
+    (binding,) = functions["work_orders_changes"]["bindings"]
+    assert binding["type"] == "queueTrigger" and binding["queueName"] == "orders-changes"
+    assert binding["connection"] == "DBFANOUT_STATE"
+
+
+def test_pollers_sharing_a_queue_must_share_its_transport(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = CONFIG.replace("use_monitor = false", 'use_monitor = false\ntransport = "storage-queue"')
+    with pytest.raises(ConfigError, match="share queue customers-changes"):
+        _import_app(tmp_path, monkeypatch, text)
