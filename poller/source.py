@@ -57,6 +57,8 @@ log = get_logger("poller.source")
 
 _RAW_CURSOR = "__dbfanout_cursor"
 _SUBQUERY = "dbfanout_src"
+
+
 @dataclass(frozen=True, slots=True)
 class _Resolved:
     """The source as a FROM clause, with the expressions the keyset compares."""
