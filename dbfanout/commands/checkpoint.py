@@ -89,8 +89,11 @@ def _target(
         with reporting_errors():
             template = template_position(cfg, poller)
         if template is None:
-            fail(f"poller {poller}: the source has no rows and no checkpoint; cannot tell the cursor type",
-                 EXIT_USAGE, "use --to-beginning")  # fmt: skip
+            fail(
+                f"poller {poller}: the source has no rows and no checkpoint; cannot tell the cursor type",
+                EXIT_USAGE,
+                "use --to-beginning",
+            )
         try:
             return "cursor", parse_position(to_cursor, pk, template, cfg.poller(poller).pk), None
         except LiteralError as exc:
@@ -121,16 +124,26 @@ def reset_command(
         pcfg = cfg.poller(poller)
     kind, position, file_fp = _target(cfg, poller, to_beginning, to_cursor, pk or [], from_file)
     if kind == "keep" and not accept_fingerprint:
-        fail("say where to move the checkpoint", EXIT_USAGE,
-             "use --to-beginning, --to-cursor VALUE --pk k=v, --from-file F (or --accept-fingerprint alone)")  # fmt: skip
+        fail(
+            "say where to move the checkpoint",
+            EXIT_USAGE,
+            "use --to-beginning, --to-cursor VALUE --pk k=v, --from-file F (or --accept-fingerprint alone)",
+        )
     with reporting_errors():
         store = open_store(cfg, poller)
         try:
             plan = ops.plan_reset(
-                store, kind=kind, position=position, current_fingerprint=SqlSource(pcfg).fingerprint,
-                file_fingerprint=file_fp, accept_fingerprint=accept_fingerprint, force=force,
-                ttl_seconds=pcfg.lease_ttl_seconds, now=_now(), operator=ops.operator_id(),
-            )  # fmt: skip
+                store,
+                kind=kind,
+                position=position,
+                current_fingerprint=SqlSource(pcfg).fingerprint,
+                file_fingerprint=file_fp,
+                accept_fingerprint=accept_fingerprint,
+                force=force,
+                ttl_seconds=pcfg.lease_ttl_seconds,
+                now=_now(),
+                operator=ops.operator_id(),
+            )
         except ops.Refused as exc:
             fail(str(exc.args[0]), EXIT_REFUSED, exc.hint)
     _write(plan, cfg, store, yes=yes, dry_run=dry_run, json_out=json_out)

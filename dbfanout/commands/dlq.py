@@ -88,10 +88,16 @@ def peek_command(
         poller, count, pks = v.envelope_summary()
         enqueued = v.enqueued_time.strftime("%Y-%m-%d %H:%M:%S") if v.enqueued_time else "-"
         table.add_row(
-            str(v.sequence_number), v.message_id, enqueued, str(v.delivery_count), v.reason or "-",
-            (v.description or "-")[:80], poller or "-", str(count) if count is not None else "-",
+            str(v.sequence_number),
+            v.message_id,
+            enqueued,
+            str(v.delivery_count),
+            v.reason or "-",
+            (v.description or "-")[:80],
+            poller or "-",
+            str(count) if count is not None else "-",
             ", ".join(str(pk) for pk in pks) or "-",
-        )  # fmt: skip
+        )
     console.print(table)
 
 
@@ -132,10 +138,15 @@ def replay_command(
 ) -> None:
     """Send each selected message again (new message id), then remove it from the DLQ — in that order."""
     bodies = _read_file(from_file) if from_file else None
-    selection = Selection(everything=all_ or bodies is not None, sequences=frozenset(sequence or ()), reason=reason,
-                          since=_since(since))  # fmt: skip
+    selection = Selection(
+        everything=all_ or bodies is not None, sequences=frozenset(sequence or ()), reason=reason, since=_since(since)
+    )
     if selection.empty:
-        fail("say which messages to replay", EXIT_USAGE, "use --all, --sequence N, --reason R, --since T or --from-file F")
+        fail(
+            "say which messages to replay",
+            EXIT_USAGE,
+            "use --all, --sequence N, --reason R, --since T or --from-file F",
+        )
     target = to or queue
     if not dry_run:
         confirm_or_refuse(yes, f"Replay the selected messages of {queue}/$DeadLetterQueue into {target}?")
@@ -159,7 +170,9 @@ def _print_report(report: ReplayReport, json_out: bool) -> None:
         return
     verb = "would replay" if report.dry_run else "replayed"
     count = len(report.replayed) if not report.dry_run else len(report.selected)
-    console.print(f"{verb} {count} of {len(report.selected)} selected message(s) from {report.source} into {report.target}")
+    console.print(
+        f"{verb} {count} of {len(report.selected)} selected message(s) from {report.source} into {report.target}"
+    )
     if report.dry_run:
         for row in report.replayed:
             console.print(f"  seq {row['sequence_number']}: {row['original_id']} -> {row['replay_id']}")
@@ -204,6 +217,8 @@ def purge_command(
         print_json(result)
     else:
         verb = "would purge" if dry_run else "purged"
-        console.print(f"{verb} {result['selected'] if dry_run else result['purged']} message(s) from {queue}/$DeadLetterQueue")
+        console.print(
+            f"{verb} {result['selected'] if dry_run else result['purged']} message(s) from {queue}/$DeadLetterQueue"
+        )
     if result.get("not_found"):
         raise typer.Exit(EXIT_CHECK_FAILED)

@@ -118,7 +118,8 @@ class MessageView:
             return poller, count, pks
         if isinstance(doc, dict):
             poller = poller or doc.get("poller")
-            events = doc.get("events") if isinstance(doc.get("events"), list) else []
+            raw = doc.get("events")
+            events: list[Any] = raw if isinstance(raw, list) else []
             count = count if count is not None else len(events)
             pks = [e.get("pk") for e in events[:3] if isinstance(e, dict)]
         return poller, int(count) if count is not None else None, pks

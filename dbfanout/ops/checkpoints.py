@@ -106,7 +106,8 @@ def _guard_lease(snap: Snapshot, now: dt.datetime, ttl_seconds: int, force: bool
     if state == "live":
         raise Refused(
             f"poller {snap.doc.poller_name}: a live lease is held by {lease.owner_id} (fencing token "
-            f"{lease.fencing_token}, expires {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC); refusing to move its checkpoint",
+            f"{lease.fencing_token}, expires {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC); "
+            "refusing to move its checkpoint",
             hint="stop the poller (disable its timer function) and retry after the lease expires",
         )
     if state == "expired" and not force:
@@ -200,8 +201,12 @@ def plan_clone(
         updated_at=now,
         metadata={"cloned_from": source.poller_name, "cloned_at": now.isoformat(), "cloned_by": operator},
     )
-    after = StateDoc(poller_name=target.poller_name, source_fingerprint=snap.doc.source_fingerprint,
-                     checkpoint=checkpoint, lease=Lease(owner_id=None, fencing_token=0))  # fmt: skip
+    after = StateDoc(
+        poller_name=target.poller_name,
+        source_fingerprint=snap.doc.source_fingerprint,
+        checkpoint=checkpoint,
+        lease=Lease(owner_id=None, fencing_token=0),
+    )
     return Plan("clone", target.poller_name, target.blob_name, None, after, None)
 
 

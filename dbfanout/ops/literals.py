@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -56,32 +56,34 @@ def _text(text: str, template: str, what: str) -> str:
 
 def parse_literal(text: str, template: Any, what: str) -> Any:
     """``text`` as the type of ``template``. Raises LiteralError saying what was expected."""
+    if isinstance(template, bool):
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise LiteralError(f"{what}: {text!r} is not a boolean")
+        return text.lower() in ("true", "1")
     try:
-        if isinstance(template, bool):
-            if text.lower() not in ("true", "false", "1", "0"):
-                raise LiteralError(f"{what}: {text!r} is not a boolean")
-            return text.lower() in ("true", "1")
-        if isinstance(template, int):
-            return int(text)
-        if isinstance(template, Decimal):
-            return Decimal(text)
-        if isinstance(template, float):
-            return float(text)
+        for kind, parse in _SIMPLE:
+            if isinstance(template, kind):
+                return parse(text)
         if isinstance(template, dt.datetime):
             return _datetime(text, template, what)
-        if isinstance(template, dt.date):
-            return dt.date.fromisoformat(text)
-        if isinstance(template, uuid.UUID):
-            return uuid.UUID(text)
-        if isinstance(template, bytes):
-            return bytes.fromhex(text.removeprefix("0x"))
         if isinstance(template, str):
             return _text(text, template, what)
-    except LiteralError:
-        raise
-    except (ValueError, InvalidOperation):
+        if isinstance(template, dt.date):
+            return dt.date.fromisoformat(text)
+    except (ValueError, InvalidOperation) as exc:
+        if isinstance(exc, LiteralError):
+            raise
         raise LiteralError(f"{what}: {text!r} is not a valid {type(template).__name__}") from None
     raise LiteralError(f"{what}: values of type {type(template).__name__} cannot be typed in; use --from-file")
+
+
+_SIMPLE: tuple[tuple[type, Callable[[str], Any]], ...] = (
+    (int, int),
+    (Decimal, Decimal),
+    (float, float),
+    (uuid.UUID, uuid.UUID),
+    (bytes, lambda t: bytes.fromhex(t.removeprefix("0x"))),
+)
 
 
 def parse_position(cursor_text: str, pk_args: Sequence[str], template: Position, pk_columns: Sequence[str]) -> Position:

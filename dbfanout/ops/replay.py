@@ -179,7 +179,9 @@ def replay(
     files = bodies or {}
     with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
         views = [
-            v for v in peek_receiver(receiver) if selection.matches(v) and (bodies is None or v.sequence_number in files)
+            v
+            for v in peek_receiver(receiver)
+            if selection.matches(v) and (bodies is None or v.sequence_number in files)
         ]
         report.selected = [v.sequence_number for v in views]
         if dry_run or not views:

@@ -143,9 +143,12 @@ def dead_letter(
         sender.send_messages(
             [
                 ServiceBusMessage(
-                    body, message_id=mid, subject="orders", content_type="application/json",
-                    application_properties={"dbfanout-poller": "orders", **(properties or {})},
-                )  # fmt: skip
+                    body,
+                    message_id=mid,
+                    subject="orders",
+                    content_type="application/json",
+                    application_properties={"dbfanout-poller": "orders", **(properties or {})},  # type: ignore[dict-item]
+                )
                 for mid, body in zip(message_ids, bodies, strict=True)
             ]
         )

@@ -63,7 +63,9 @@ def test_reset_is_refused_while_a_live_lease_is_held_even_with_force(workspace):
     workspace.source.upsert([1])
     workspace.drain()
     store = workspace.store()
-    assert store.try_acquire("busy-tick", dt.timedelta(seconds=60), SqlSource(workspace.config.poller("orders")).fingerprint)
+    assert store.try_acquire(
+        "busy-tick", dt.timedelta(seconds=60), SqlSource(workspace.config.poller("orders")).fingerprint
+    )
     before = store.load()
     # When the operator resets, with or without --force
     for extra in ([], ["--force"]):
@@ -81,8 +83,11 @@ def test_reset_over_an_expired_unreleased_lease_needs_force(workspace):
     store = workspace.store()
     snap = store.load()
     past = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
-    crashed = snap.doc.with_lease(snap.doc.lease.__class__("crashed", snap.doc.lease.fencing_token + 1,
-                                                           acquired_at=past, heartbeat_at=past, expires_at=past))
+    crashed = snap.doc.with_lease(
+        snap.doc.lease.__class__(
+            "crashed", snap.doc.lease.fencing_token + 1, acquired_at=past, heartbeat_at=past, expires_at=past
+        )
+    )
     store.replace(snap, crashed)
     # When the operator resets without --force, then with it
     refused = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--yes")
@@ -135,7 +140,9 @@ def test_a_changed_source_is_refused_until_the_new_fingerprint_is_accepted(works
     # Given a checkpoint, then a change to the source definition (a filter)
     workspace.source.upsert([1, 2])
     workspace.drain()
-    workspace.config_path.write_text(workspace.config_path.read_text().replace('pk = ["id"]', 'pk = ["id"]\nfilter = "id > 0"', 1))
+    workspace.config_path.write_text(
+        workspace.config_path.read_text().replace('pk = ["id"]', 'pk = ["id"]\nfilter = "id > 0"', 1)
+    )
     # When the operator resets without accepting, then with --accept-fingerprint (keeping the position)
     refused = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--yes")
     accepted = workspace.run("checkpoint", "reset", "orders", "--accept-fingerprint", "--yes")
@@ -152,8 +159,15 @@ def test_a_tick_between_plan_and_write_is_reported_not_overwritten(workspace):
     workspace.drain()
     store = workspace.store()
     fingerprint = SqlSource(workspace.config.poller("orders")).fingerprint
-    plan = ops.plan_reset(store, kind="beginning", position=None, current_fingerprint=fingerprint, ttl_seconds=30,
-                          now=dt.datetime.now(dt.UTC), operator="test")  # fmt: skip
+    plan = ops.plan_reset(
+        store,
+        kind="beginning",
+        position=None,
+        current_fingerprint=fingerprint,
+        ttl_seconds=30,
+        now=dt.datetime.now(dt.UTC),
+        operator="test",
+    )
     # When a tick commits before the write
     workspace.source.upsert([3])
     workspace.drain()

@@ -9,11 +9,12 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 
 from dbfanout.ops.bus import peek_all
+from shared.models import HandlerContext, RowChange
 from shared.servicebus import QueueSender
+from tests.cli.conftest import dead_letter
 from worker.consumer import settle_received
 from worker.runtime import Worker
 from worker.split import Splitter
-from tests.cli.conftest import dead_letter
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +56,7 @@ def test_replay_inside_the_duplicate_detection_window_redelivers_and_the_fixed_h
     handled: list[int] = []
     broken = True
 
-    def handler(events, context) -> None:
+    def handler(events: list[RowChange], context: HandlerContext) -> None:
         if broken:
             raise RuntimeError("handler bug")
         handled.extend(e.pk["id"] for e in events)
@@ -63,7 +64,11 @@ def test_replay_inside_the_duplicate_detection_window_redelivers_and_the_fixed_h
     senders: dict[str, QueueSender] = {}
     splitter = Splitter(config, lambda q, ms: senders.setdefault(q, QueueSender(bus, q)).send_all(ms))
     worker = Worker(config, splitter=splitter, handlers={"orders": handler})
-    stats = lambda: workspace.emulator.queue_stats(workspace.queue)  # noqa: E731
+
+    def stats() -> dict[str, int]:
+        counts: dict[str, int] = workspace.emulator.queue_stats(workspace.queue)
+        return counts
+
     _consume(bus, workspace.queue, worker, lambda: stats()["dead_lettered"] == 3 and stats()["messages"] == 0)
     originals = [v.message_id for v in peek_all(bus, workspace.queue)]
     # (a re-send with an original id is dropped: we are inside the duplicate-detection window)

@@ -17,7 +17,6 @@ import time
 import uuid
 
 import pytest
-
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 
 from dbfanout.ops.bus import peek_receiver
@@ -92,8 +91,20 @@ def test_replay_killed_at_random_points_never_loses_a_message(workspace, bus, se
     rng = random.Random(seed)
     source = unique_queue(servicebus, "poison", lock_duration=2)
     target = unique_queue(servicebus, "target", requires_duplicate_detection=True)
-    command = [sys.executable, "-m", "dbfanout.cli", "dlq", "replay", source, "--all", "--to", target, "--yes",
-               "--config", str(workspace.config_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "dbfanout.cli",
+        "dlq",
+        "replay",
+        source,
+        "--all",
+        "--to",
+        target,
+        "--yes",
+        "--config",
+        str(workspace.config_path),
+    ]
     watch = Watch(bus, source, target)
     try:
         watch.seed(FIRST_SEED, "first")
@@ -113,7 +124,7 @@ def test_replay_killed_at_random_points_never_loses_a_message(workspace, bus, se
         # And a clean replay (once the killed runs' locks lapsed) empties the DLQ, every original copied
         def replay_rest() -> bool:
             replay(bus, source, Selection(everything=True), target=target)
-            return servicebus.queue_stats(source)["dead_lettered"] == 0
+            return bool(servicebus.queue_stats(source)["dead_lettered"] == 0)
 
         wait_until(replay_rest, 60, "the DLQ to be replayed completely", interval=0.5)
         assert watch.originals <= watch.check_nothing_vanished(f"seed {seed}, after the final replay")

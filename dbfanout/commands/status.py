@@ -1,0 +1,127 @@
+"""``dbfanout status [POLLER] [--json] [--watch]``: checkpoint, lease, fingerprint, lag, queue depth."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from dbfanout.commands.common import (
+    EXIT_CHECK_FAILED,
+    ConfigOption,
+    JsonOption,
+    console,
+    load,
+    print_json,
+    reporting_errors,
+)
+from dbfanout.ops.bus import bus_client
+from dbfanout.ops.status import poller_status, queue_depth
+from shared.codec import dumps
+from shared.config import Config
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``status`` on the root command."""
+    app.command("status")(status_command)
+
+
+def collect(config: Config, only: str | None) -> list[dict[str, Any]]:
+    """Status of the named poller, or of every configured one, with its queue's depth."""
+    names = [only] if only else sorted(config.pollers)
+    now = dt.datetime.now(dt.UTC)
+    rows = [poller_status(config, name, now) for name in names]
+    depths: dict[str, dict[str, Any]] = {}
+    try:
+        with bus_client(config) as client:
+            for row in rows:
+                queue = row["queue"]
+                if queue not in depths:
+                    depths[queue] = queue_depth(config, client, queue)
+                row["queue_depth"] = depths[queue]
+    except Exception as exc:  # no Service Bus setting, or unreachable: show the rest
+        for row in rows:
+            row["queue_depth"] = {"queue": row["queue"], "error": f"{type(exc).__name__}: {exc}"}
+    return rows
+
+
+def _healthy(row: dict[str, Any]) -> bool:
+    return not any(k in row for k in ("state_error", "source_error")) and row.get("fingerprint_match", True)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    return value if isinstance(value, str) else dumps(value).decode()
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"dbfanout status ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC)")
+    for column in ("poller", "checkpoint", "last batch / updated", "lease", "fingerprint", "lag", "queue", "problems"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        cp, lease, src, depth = (
+            row.get("checkpoint") or {},
+            row.get("lease") or {},
+            row.get("source") or {},
+            row["queue_depth"],
+        )
+        cursor = cp.get("cursor")
+        where = (
+            "(beginning)"
+            if "checkpoint" in row and cursor is None
+            else _text(cursor and [cursor["value"], cursor["tiebreaker"]])
+        )
+        lease_text = f"{lease.get('state', '-')} {lease.get('owner') or ''} token {lease.get('fencing_token', '-')}"
+        if lease.get("expires_in_seconds") is not None:
+            lease_text += f", expires in {lease['expires_in_seconds']}s"
+        fp = row.get("fingerprint_match")
+        match = "-" if fp is None else "[green]match[/]" if fp else "[red]MISMATCH[/]"
+        lag = f"{_text(src.get('lag'))} ({_text(src.get('pending_rows'))} pending)" if src else "-"
+        queue = f"{depth['queue']}: {_text(depth.get('active'))} active, {_text(depth.get('dead_lettered'))} DLQ"
+        problems = "; ".join(str(row[k]) for k in ("state", "state_error", "source_error") if k in row)
+        problems += f"; {depth['error']}" if "error" in depth else ""
+        table.add_row(
+            row["poller"],
+            where,
+            f"{_text(cp.get('last_batch_id'))}\n{_text(cp.get('updated_at'))}",
+            lease_text,
+            match,
+            lag,
+            queue,
+            problems or "-",
+        )
+    return table
+
+
+def status_command(
+    poller: Annotated[str | None, typer.Argument(help="One poller (default: all)")] = None,
+    json_out: JsonOption = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until interrupted")] = False,
+    interval: Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between refreshes")] = 5.0,
+    config: ConfigOption = None,
+) -> None:
+    """Show where each poller stands. Exit 1 when a poller's state, source or fingerprint is not healthy."""
+    with reporting_errors():
+        cfg = load(config)
+        if poller:
+            cfg.poller(poller)
+    while True:
+        rows = collect(cfg, poller)
+        if json_out:
+            print_json(rows if not watch else {"time": dt.datetime.now(dt.UTC).isoformat(), "pollers": rows})
+        else:
+            if watch:
+                console.clear()
+            console.print(_table(rows))
+        if not watch:
+            break
+        try:
+            time.sleep(interval)  # a refresh period, not a wait for a condition
+        except KeyboardInterrupt:
+            break
+    if not all(_healthy(r) for r in rows):
+        raise typer.Exit(EXIT_CHECK_FAILED)

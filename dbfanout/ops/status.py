@@ -1,0 +1,127 @@
+"""Where each poller stands: checkpoint, lease, fingerprint, lag and its queue's depth.
+
+Every part is gathered independently: a storage outage still shows the source lag, a database
+outage still shows the lease. Failures become an ``error`` field, never an exception.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from azure.servicebus import ServiceBusClient
+
+from dbfanout.ops.bus import is_emulator, peek_all
+from dbfanout.ops.checkpoints import lease_state
+from dbfanout.ops.context import open_store
+from poller.engines import make_engine
+from poller.source import SqlSource
+from shared.codec import encode_position, encode_value
+from shared.config import Config, PollerConfig
+from shared.errors import DbFanoutError
+
+__all__ = ["PENDING_LIMIT", "poller_status", "queue_depth"]
+
+PENDING_LIMIT = 1000  # count pending rows up to this many (one bounded keyset read)
+PEEK_COUNT_LIMIT = 1000
+
+
+def _error(exc: Exception) -> str:
+    return str(exc.args[0]) if isinstance(exc, DbFanoutError) and exc.args else f"{type(exc).__name__}: {exc}"
+
+
+def _newest_cursor(cfg: PollerConfig) -> Any:
+    cursor: sa.ColumnClause[Any] = sa.column(cfg.cursor)
+    if cfg.table:
+        schema, _, name = cfg.table.rpartition(".")
+        source: Any = sa.table(name, cursor, schema=schema or None)
+    else:
+        source = sa.text(cfg.query or "").columns(cursor).subquery("dbfanout_src")
+    with make_engine(cfg.source_url).connect() as conn:
+        return conn.execute(sa.select(sa.func.max(source.c[cfg.cursor]))).scalar()
+
+
+def _lag(newest: Any, checkpoint: Any) -> Any:
+    if newest is None or checkpoint is None:
+        return None
+    try:
+        diff = newest - checkpoint
+    except TypeError:
+        return None
+    return diff.total_seconds() if isinstance(diff, dt.timedelta) else diff
+
+
+def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]:
+    """One poller's state as a JSON-ready dict."""
+    cfg = config.poller(name)
+    out: dict[str, Any] = {"poller": name, "queue": cfg.queue}
+    source = SqlSource(cfg)
+    position = None
+    try:
+        snap = open_store(config, name).load()
+        if snap is None:
+            out["state"] = "no state yet (never ran)"
+        else:
+            doc, lease = snap.doc, snap.doc.lease
+            position = doc.checkpoint.position
+            out["checkpoint"] = {
+                "cursor": encode_position(position),
+                "last_batch_id": doc.checkpoint.last_successful_batch_id,
+                "updated_at": doc.checkpoint.updated_at.isoformat() if doc.checkpoint.updated_at else None,
+            }
+            expires = (lease.expires_at - now).total_seconds() if lease.expires_at else None
+            out["lease"] = {
+                "state": lease_state(lease, now, cfg.lease_ttl_seconds),
+                "owner": lease.owner_id,
+                "fencing_token": lease.fencing_token,
+                "expires_in_seconds": round(expires, 1) if expires is not None and lease.owner_id else None,
+            }
+            out["fingerprint_match"] = doc.source_fingerprint == source.fingerprint
+    except Exception as exc:  # storage down: still show the source side
+        out["state_error"] = _error(exc)
+    try:
+        newest = _newest_cursor(cfg)
+        page = source.fetch(position, PENDING_LIMIT)
+        out["source"] = {
+            "newest_cursor": encode_value(newest)[0] if newest is not None else None,
+            "pending_rows": len(page.rows) if len(page.rows) < PENDING_LIMIT else f">={PENDING_LIMIT}",
+            "lag": _lag(newest, position.cursor if position else None),
+            "null_cursors_skipped": page.skipped_null_cursors,
+        }
+    except Exception as exc:  # database down: still show the state side
+        out["source_error"] = _error(exc)
+    return out
+
+
+def queue_depth(config: Config, client: ServiceBusClient, queue: str) -> dict[str, Any]:
+    """Active and dead-lettered counts: runtime properties on Azure, bounded peeks on the emulator."""
+    if not is_emulator(config):
+        try:
+            from azure.servicebus.management import ServiceBusAdministrationClient
+
+            conn = config.settings.get(config.app.servicebus_connection) or ""
+            with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+                props = admin.get_queue_runtime_properties(queue)
+            return {
+                "queue": queue,
+                "active": props.active_message_count,
+                "dead_lettered": props.dead_letter_message_count,
+                "how": "runtime properties",
+            }
+        except Exception as exc:  # no Manage right, or an identity-based connection: fall back to peeking
+            fallback = _error(exc)
+    else:
+        fallback = None
+
+    def count(dead_letter: bool) -> int | str:
+        n = sum(1 for _ in peek_all(client, queue, dead_letter=dead_letter, limit=PEEK_COUNT_LIMIT))
+        return n if n < PEEK_COUNT_LIMIT else f">={PEEK_COUNT_LIMIT}"
+
+    try:
+        result = {"queue": queue, "active": count(False), "dead_lettered": count(True), "how": "peeked"}
+    except Exception as exc:
+        return {"queue": queue, "error": _error(exc)}
+    if fallback:
+        result["admin_error"] = fallback
+    return result

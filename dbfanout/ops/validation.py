@@ -1,0 +1,211 @@
+"""``dbfanout validate``: everything a poller needs, checked before it runs.
+
+Each check is a :class:`Check` with a status: ``ok``, ``warn`` (works, but read the advice),
+``fail`` (will break, lose or stall data: exit 1) or ``skip`` (cannot be checked from here, e.g.
+queue properties against the emulator, which has no management API).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from azure.servicebus import ServiceBusClient
+
+from dbfanout.ops.bus import is_emulator, queue_exists
+from dbfanout.ops.context import open_store
+from poller.events import to_batch
+from poller.source import SqlSource
+from shared.config import Config, PollerConfig
+from shared.errors import DbFanoutError, OversizeRowError
+from shared.messages import pack_batch
+
+__all__ = ["Check", "schedule_interval_seconds", "validate_poller"]
+
+Status = Literal["ok", "warn", "fail", "skip"]
+SAMPLE_ROWS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    poller: str
+    name: str
+    status: Status
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _msg(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, DbFanoutError) else f"{type(exc).__name__}: {exc}"
+
+
+def _seconds(value: Any) -> float:
+    """A management-API duration in seconds (the SDK types it ``timedelta | str``; reads give timedeltas)."""
+    return value.total_seconds() if isinstance(value, dt.timedelta) else 0.0
+
+
+def schedule_interval_seconds(schedule: str) -> float | None:
+    """Seconds between two firings of a six-field NCRONTAB (None for ``%SETTING%``)."""
+    if schedule.startswith("%"):
+        return None
+    from croniter import croniter
+
+    fields = schedule.split()
+    it = croniter(" ".join(fields[1:] + fields[:1]), dt.datetime(2026, 1, 1), second_at_beginning=False)
+    first, second = it.get_next(dt.datetime), it.get_next(dt.datetime)
+    return float((second - first).total_seconds())
+
+
+def needed_window_seconds(cfg: PollerConfig) -> float:
+    """Duplicate-detection window that covers a re-send after a lost commit: TTL + interval + tick."""
+    return cfg.lease_ttl_seconds + (schedule_interval_seconds(cfg.schedule) or 0) + cfg.time_budget_seconds
+
+
+def _source_checks(cfg: PollerConfig) -> Iterator[Check]:
+    p = cfg.name
+    source = SqlSource(cfg)
+    try:
+        info = source.describe()
+        page = source.fetch(None, SAMPLE_ROWS)
+    except Exception as exc:
+        yield Check(p, "source", "fail", _msg(exc))
+        return
+    yield Check(
+        p,
+        "source",
+        "ok",
+        f"{info['dialect']} {info['mode']} {info['source']!s:.60}: columns present, "
+        f"cursor kind {info['cursor_kind'] or 'unknown (no rows yet)'}",
+    )
+    if info["index_warning"]:
+        yield Check(p, "index", "fail", info["index_warning"])
+    elif info["mode"] == "table":
+        yield Check(p, "index", "ok", f"an index leads with ({', '.join([cfg.cursor, *cfg.pk])})")
+    if info["cursor_kind"] == "float":
+        yield Check(p, "cursor type", "warn", "a float cursor loses precision; prefer an integer or timestamp")
+    stamps = [v for r in page.rows if isinstance(v := r.values.get(cfg.cursor), dt.datetime)]
+    if len(stamps) >= 10 and all(s.microsecond == 0 for s in stamps):
+        yield Check(
+            p,
+            "cursor precision",
+            "warn",
+            "sampled cursor values have whole seconds only: many rows share a "
+            "value (the pk tiebreaker keeps order; use microsecond timestamps to narrow late-commit gaps)",
+        )
+    if page.skipped_null_cursors:
+        status: Status = "fail" if cfg.null_cursor == "fail" else "warn"
+        yield Check(
+            p,
+            "null cursors",
+            status,
+            f"{page.skipped_null_cursors} row(s) have a NULL {cfg.cursor} and are never delivered",
+        )
+    yield Check(p, "settle window", "warn" if "none:" in str(info["settle"]) else "ok", str(info["settle"]))
+    if page.rows:
+        try:
+            pack_batch(to_batch(cfg, source.fingerprint, page.rows), cfg.max_message_bytes)
+            yield Check(p, "message size", "ok", f"{len(page.rows)} sampled rows fit in {cfg.max_message_bytes} bytes")
+        except OversizeRowError as exc:
+            status = "fail" if cfg.oversize_policy == "error" else "warn"
+            yield Check(p, "message size", status, f"{exc} (oversize_policy = {cfg.oversize_policy!r})")
+
+
+def _state_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
+    try:
+        snap = open_store(config, cfg.name).load()
+    except Exception as exc:
+        yield Check(cfg.name, "state", "fail", _msg(exc))
+        return
+    if snap is None:
+        yield Check(cfg.name, "state", "ok", "no state blob yet: the first tick starts from the beginning")
+    elif snap.doc.source_fingerprint != SqlSource(cfg).fingerprint:
+        yield Check(
+            cfg.name,
+            "fingerprint",
+            "fail",
+            "the checkpoint belongs to another source definition; see "
+            f"`dbfanout checkpoint reset {cfg.name} --accept-fingerprint` in docs/operations.md",
+        )
+    else:
+        yield Check(cfg.name, "state", "ok", "state blob readable, fingerprint matches")
+
+
+def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
+    p, need = cfg.name, needed_window_seconds(cfg)
+    if is_emulator(config):
+        yield Check(
+            p,
+            "queue properties",
+            "skip",
+            "not checkable against the emulator (no management API); on Azure "
+            f"duplicate detection must be on with a window >= {need:.0f}s",
+        )
+        return
+    try:
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        conn = config.settings.get(config.app.servicebus_connection) or ""
+        with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+            q = admin.get_queue(cfg.queue)
+    except Exception as exc:
+        yield Check(p, "queue properties", "skip", f"could not read them ({_msg(exc)[:160]}); needs the Manage right")
+        return
+    window = _seconds(q.duplicate_detection_history_time_window)
+    if not q.requires_duplicate_detection:
+        yield Check(
+            p,
+            "duplicate detection",
+            "fail",
+            "off: a re-send after a lost commit is delivered twice "
+            "(recreate the queue with it on; it cannot be changed later)",
+        )
+    elif window < need:
+        yield Check(
+            p,
+            "duplicate detection",
+            "fail",
+            f"window {window:.0f}s < {need:.0f}s (lease TTL + schedule interval + tick time)",
+        )
+    else:
+        yield Check(p, "duplicate detection", "ok", f"on, window {window:.0f}s >= {need:.0f}s")
+    mdc = q.max_delivery_count or 0
+    status: Status = "ok" if mdc > cfg.split_after_deliveries else "fail"
+    yield Check(
+        p,
+        "max delivery count",
+        status,
+        f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries} must "
+        "be lower, so a failing batch is split before it is dead-lettered)",
+    )
+    lock = _seconds(q.lock_duration)
+    yield Check(
+        p,
+        "lock duration",
+        "ok" if lock >= 30 else "warn",
+        f"{lock:.0f}s: handlers must finish well within it "
+        "(the Functions host renews locks up to maxAutoLockRenewalDuration)",
+    )
+    size = (q.max_message_size_in_kilobytes or 256) * 1024
+    if cfg.max_message_bytes > size:
+        yield Check(p, "message size", "fail", f"max_message_bytes {cfg.max_message_bytes} > the queue's {size}")
+
+
+def validate_poller(config: Config, name: str, client: ServiceBusClient | None) -> list[Check]:
+    """Every check of one poller (database, state, queue)."""
+    cfg = config.poller(name)
+    checks = [*_source_checks(cfg), *_state_checks(config, cfg)]
+    if cfg.transport != "servicebus" or client is None:
+        checks.append(Check(name, "queue", "skip", "not a Service Bus poller, or no Service Bus connection"))
+        return checks
+    exists = queue_exists(client, cfg.queue)
+    if exists is True:
+        checks.append(Check(name, "queue", "ok", f"{cfg.queue} exists"))
+        checks.extend(_queue_property_checks(config, cfg))
+    else:
+        detail = f"{cfg.queue} does not exist" if exists is False else f"{cfg.queue}: cannot check ({exists})"
+        checks.append(Check(name, "queue", "fail", detail))
+    return checks

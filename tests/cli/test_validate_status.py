@@ -1,0 +1,98 @@
+"""validate and status against a real SQLite source, Azurite and the emulator."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from dbfanout.ops.validation import needed_window_seconds, schedule_interval_seconds
+from poller.source import SqlSource
+from shared.config import PollerConfig
+
+pytestmark = pytest.mark.integration
+
+
+def checks_of(result) -> dict[str, str]:
+    return {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}
+
+
+def test_validate_passes_on_a_sound_setup_and_skips_queue_properties_on_the_emulator(workspace):
+    workspace.source.upsert(range(1, 5))
+    result = workspace.run("validate", "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    checks = checks_of(result)
+    assert checks["source"] == checks["index"] == checks["queue"] == checks["state"] == "ok"
+    assert checks["queue properties"] == "skip"
+    assert "SharedAccessKey" not in result.stdout
+
+
+def test_validate_fails_on_a_missing_index_and_a_missing_queue(workspace):
+    workspace.source.upsert([1])
+    with workspace.source.engine.begin() as conn:
+        conn.execute(sa.text("DROP INDEX ix_orders_keyset"))
+    workspace.config_path.write_text(workspace.config_path.read_text().replace(workspace.queue, "no-such-queue"))
+    result = workspace.run("validate", "orders", "--json")
+    assert result.exit_code == 1
+    checks = checks_of(result)
+    assert checks["index"] == "fail" and checks["queue"] == "fail"
+
+
+def test_validate_reports_a_fingerprint_mismatch(workspace):
+    workspace.source.upsert([1])
+    workspace.drain()
+    workspace.config_path.write_text(
+        workspace.config_path.read_text().replace('pk = ["id"]', 'pk = ["id"]\nfilter = "1=1"', 1)
+    )
+    result = workspace.run("validate", "--json")
+    assert result.exit_code == 1 and checks_of(result)["fingerprint"] == "fail"
+
+
+def test_validate_of_an_unknown_poller_or_a_broken_config_is_a_usage_error(workspace):
+    assert workspace.run("validate", "nosuch").exit_code == 2
+    workspace.config_path.write_text("[app]\nname = 'x'\n")
+    broken = workspace.run("validate")
+    assert broken.exit_code == 2 and "pollers" in broken.stderr
+
+
+def test_duplicate_detection_window_covers_ttl_interval_and_tick():
+    assert schedule_interval_seconds("*/5 * * * * *") == 5
+    assert schedule_interval_seconds("0 */2 * * * *") == 120
+    cfg = PollerConfig(
+        name="p", source_url="sqlite://", cursor="v", pk=("id",), queue="q", table="t", lease_ttl_seconds=120
+    )
+    assert needed_window_seconds(cfg) == 120 + 5 + 80
+
+
+def test_status_shows_checkpoint_lease_lag_and_queue_depth(workspace, bus):
+    # Given a poller that delivered 5 rows to Service Bus, with 3 more rows pending
+    workspace.source.upsert(range(1, 6))
+    workspace.tick(sink=workspace.bus_sink(bus))
+    workspace.source.upsert(range(6, 9))
+    # When the operator asks for the status
+    result = workspace.run("status", "orders", "--json")
+    # Then it shows where the checkpoint is, a free lease, the lag and the queue depth
+    assert result.exit_code == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["checkpoint"]["cursor"]["tiebreaker"] == {"id": 5}
+    assert row["lease"]["state"] == "free" and row["fingerprint_match"] is True
+    assert row["source"]["pending_rows"] == 3 and row["source"]["lag"] == 3
+    assert row["queue_depth"]["active"] >= 1 and row["queue_depth"]["dead_lettered"] == 0
+    table = workspace.run("status")
+    assert table.exit_code == 0 and "orders" in table.stdout
+
+
+def test_status_shows_a_live_lease_and_fails_on_a_fingerprint_mismatch(workspace):
+    workspace.source.upsert([1])
+    workspace.drain()
+    store = workspace.store()
+    store.try_acquire("tick-7", dt.timedelta(seconds=60), SqlSource(workspace.config.poller("orders")).fingerprint)
+    live = json.loads(workspace.run("status", "--json").stdout)[0]["lease"]
+    assert live["state"] == "live" and live["owner"] == "tick-7" and live["expires_in_seconds"] > 0
+    workspace.config_path.write_text(
+        workspace.config_path.read_text().replace('pk = ["id"]', 'pk = ["id"]\nfilter = "1=1"', 1)
+    )
+    mismatch = workspace.run("status", "--json")
+    assert mismatch.exit_code == 1 and json.loads(mismatch.stdout)[0]["fingerprint_match"] is False
