@@ -8,7 +8,8 @@ What the templates must agree on with the rest of the project:
 * parameters: main.parameters.json only names parameters that main.bicep declares, and gives
   every parameter that has no default;
 * config: every Service Bus poller in dbfanout.toml has its queue in the parameters (sessions
-  matching), a storage-queue poller turns useStorageQueues on, every ``${NAME}`` the config
+  matching), a storage-queue poller turns useStorageQueues on and lists its queue in
+  storageQueueNames, every ``${NAME}`` the config
   references is provided as an app setting, the state container and connection prefixes match,
   and each queue's duplicate detection window covers the poller's redelivery horizon;
 * roles: every role GUID written in a template is the documented built-in one, none is a
@@ -285,14 +286,7 @@ def check_config(infra: Path, config_path: Path) -> list[Problem]:
         key = f"pollers.{name}"
         transport = poller.get("transport", "servicebus")
         if transport == "storage-queue":
-            if values.get("useStorageQueues") is not True:
-                problems.append(
-                    Problem(
-                        "storage-queues",
-                        where,
-                        f"{key} uses transport = 'storage-queue': set useStorageQueues = true in main.parameters.json",
-                    )
-                )
+            problems += _check_storage_queue(where, key, poller, values)
         else:
             queue = queues.get(poller.get("queue"))
             if queue is None:
@@ -318,6 +312,28 @@ def check_config(infra: Path, config_path: Path) -> list[Problem]:
                             "to databaseUrlSettings",
                         )
                     )
+    return problems
+
+
+def _check_storage_queue(where: str, key: str, poller: dict[str, Any], values: dict[str, Any]) -> list[Problem]:
+    problems: list[Problem] = []
+    if values.get("useStorageQueues") is not True:
+        problems.append(
+            Problem(
+                "storage-queues",
+                where,
+                f"{key} uses transport = 'storage-queue': set useStorageQueues = true in main.parameters.json",
+            )
+        )
+    if poller.get("queue") not in (values.get("storageQueueNames") or []):
+        problems.append(
+            Problem(
+                "storage-queues",
+                where,
+                f"{key}.queue = {poller.get('queue')!r} is not in the storageQueueNames parameter "
+                "of main.parameters.json (the template creates it and its -poison queue)",
+            )
+        )
     return problems
 
 

@@ -82,6 +82,9 @@ param configPath string = 'dbfanout.toml'
 @description('Some poller uses transport = "storage-queue": grant Storage Queue Data Contributor and set DBFANOUT_STATE__queueServiceUri.')
 param useStorageQueues bool = false
 
+@description('Queue names of the pollers with transport = "storage-queue" (created with their -poison queues when useStorageQueues is true).')
+param storageQueueNames array = []
+
 @description('Deploy a Key Vault (RBAC mode) for database URLs and let the app read its secrets.')
 param deployKeyVault bool = true
 
@@ -135,6 +138,7 @@ module storage './modules/storage.bicep' = {
     tags: allTags
     deploymentContainerName: deploymentContainerName
     stateContainerName: stateContainerName
+    storageQueueNames: useStorageQueues ? storageQueueNames : []
   }
 }
 

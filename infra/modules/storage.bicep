@@ -19,6 +19,9 @@ param deploymentContainerName string
 @description('Blob container for dbfanout state blobs ([app] state_container in dbfanout.toml).')
 param stateContainerName string = 'db-state'
 
+@description('Storage queues of pollers with transport = "storage-queue" (each also gets its <name>-poison queue).')
+param storageQueueNames array = []
+
 @description('Days a deleted blob (for example a state blob) can be restored.')
 @minValue(1)
 @maxValue(365)
@@ -88,3 +91,20 @@ output blobEndpoint string = storage.properties.primaryEndpoints.blob
 output queueEndpoint string = storage.properties.primaryEndpoints.queue
 output deploymentContainerName string = deploymentContainer.name
 output stateContainerName string = stateContainer.name
+
+// Pollers on the storage-queue transport: their queue, and the poison queue the Functions host
+// moves a message to after maxDequeueCount failed attempts (created here so `dbfanout dlq` finds it).
+resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = if (!empty(storageQueueNames)) {
+  parent: storage
+  name: 'default'
+}
+
+resource storageQueues 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = [for q in storageQueueNames: if (!empty(storageQueueNames)) {
+  parent: queueService
+  name: q
+}]
+
+resource poisonQueues 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = [for q in storageQueueNames: if (!empty(storageQueueNames)) {
+  parent: queueService
+  name: '${q}-poison'
+}]

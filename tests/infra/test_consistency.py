@@ -302,3 +302,20 @@ def test_the_default_window_covers_the_design_defaults(consistency: ModuleType) 
     horizon = consistency.redelivery_horizon_seconds({})
     assert horizon == 205
     assert consistency.WINDOW_MARGIN * horizon <= consistency.iso_duration_seconds("PT10M")
+
+
+def test_a_storage_queue_poller_needs_its_queue_in_storage_queue_names(
+    consistency: ModuleType, infra_copy: Path, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path,
+        '[pollers.audit]\nsource_url = "${ORDERS_DB_URL}"\ntable = "audit"\n'
+        'cursor = "id"\npk = ["id"]\nqueue = "audit"\ntransport = "storage-queue"\n',
+    )
+    # Given the transport is switched on but the queue is not listed: named
+    edit_parameters(infra_copy, useStorageQueues=True)
+    problems = consistency.check_config(infra_copy, config)
+    assert checks_of(problems) == {"storage-queues"} and "storageQueueNames" in problems[0].message
+    # When the queue is listed: clean
+    edit_parameters(infra_copy, useStorageQueues=True, storageQueueNames=["audit"])
+    assert consistency.check_config(infra_copy, config) == []
