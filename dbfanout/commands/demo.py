@@ -38,6 +38,9 @@ def demo(
     stderr = Console(stderr=True)
     view = LiveView(stderr, live=stderr.is_terminal and not json_out)
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    # A shell that started us in the background may have set SIGINT to "ignore": Ctrl-C (or
+    # kill -INT) must still stop the demo cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with view:
             summary = run_demo(DemoOptions(duration=duration, rate=rate, keep=keep), view.show)

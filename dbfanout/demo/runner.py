@@ -139,6 +139,8 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         writer = SourceWriter(app.source_db, options.rate, seed=options.seed)
         stack.callback(_stop_quietly, writer)
         story = _Story()
+        if options.keep:
+            story.say(f"app folder (kept): {workdir}")
         stack.callback(_stop_replay, story)
         stack.callback(_ignore_signals)  # registered last: runs first on the way out
         writer.start()

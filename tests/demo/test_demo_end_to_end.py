@@ -1,0 +1,82 @@
+"""``dbfanout demo`` end to end, in its short mode, as a newcomer runs it.
+
+Azurite, the Service Bus emulator, the real function_app.py under ``dbfanout run``, a writer, a
+poison row that fills the DLQ, the fix, ``dbfanout dlq replay``, the drain and the check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dbfanout.demo.services import azurite_binary
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(azurite_binary() is None, reason="Azurite is not installed: run `make bootstrap`"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _processes_in(folder: str) -> list[str]:
+    """Processes still working in the demo's folder (cwd or command line): there must be none."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone, or not ours to inspect
+        if cwd.startswith(folder) or folder in cmd:
+            found.append(f"{entry.name}: {cmd.strip()}")
+    return found
+
+
+def test_demo_short_mode_replicates_exactly_and_replays_the_poison_row() -> None:
+    # Given a fresh environment (the demo picks its own free ports and temp folder)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBFANOUT_")}
+    # When the demo runs in its short mode
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "dbfanout.cli", "demo", "--duration", "20", "--json", "--keep"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    folder = summary["app_dir"]
+    try:
+        # Then it exits 0 with an exact source/target match
+        assert proc.returncode == 0, (summary, proc.stderr[-3000:])
+        assert summary["ok"] is True and summary["problems"] == []
+        check = summary["check"]
+        assert check["exact_match"] is True
+        assert all(m["count"] == 0 for m in check["mismatches"].values())
+        assert check["target_rows"] == check["live_rows"] > 0 and check["deleted_rows"] > 0
+        # And every kind of change flowed, all of it enqueued and handled
+        written = summary["written"]
+        assert written["insert"] > 0 and written["update"] > 0 and written["delete"] > 0
+        pipeline = summary["pipeline"]
+        assert pipeline["enqueued_changes"] == written["total"]
+        assert pipeline["distinct_events"] > 0 and pipeline["queue_messages"] == 0
+        assert pipeline["handled_events"] - pipeline["distinct_events"] == pipeline["duplicates_absorbed"]
+        # And the poison row went to the DLQ, was replayed with the CLI after the fix, and the DLQ is empty
+        dlq = summary["dlq"]
+        assert dlq["poison_id"] is not None
+        assert dlq["dead_lettered"] >= 1 and dlq["replayed"] >= 1 and dlq["left"] == 0
+        assert dlq["replay_exit_code"] == 0
+        # And nothing the demo started is still running
+        assert _processes_in(folder) == []
+        print(f"demo --duration 20 took {elapsed:.1f}s; drain {summary['drain_seconds']}s")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,95 @@
+"""The demo's parts on their own: the poison handler, the writer, process-group shutdown."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from dbfanout.demo.appdir import SOURCE_DDL, sqlite_engine
+from dbfanout.demo.handler import FIX_SETTING, PoisonRowError, handle, is_fixed, is_poison
+from dbfanout.demo.services import ChildProcess, wait_for
+from dbfanout.demo.writer import SourceWriter
+from shared.models import HandlerContext, RowChange
+
+
+def _event(status: str) -> RowChange:
+    return RowChange(event_id="e1", op="upsert", pk={"id": 1}, cursor=1, after={"id": 1, "status": status},
+                     poller="orders")  # fmt: skip
+
+
+CONTEXT = HandlerContext(poller="orders", message_id="m1", delivery_count=1, enqueued_time=None)
+
+
+def test_the_handler_fails_on_a_poison_row_until_the_fix_file_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the fix setting points at a file that does not exist yet
+    marker = tmp_path / "fixed"
+    monkeypatch.setenv(FIX_SETTING, str(marker))
+    assert is_poison(_event("poison")) and not is_poison(_event("paid"))
+    # When a batch holds a poison row, Then the whole message fails
+    with pytest.raises(PoisonRowError, match="poison row"):
+        handle([_event("paid"), _event("poison")], CONTEXT)
+    # When the fix is deployed (the file appears), Then the check sees it on the next call
+    marker.touch()
+    assert is_fixed()
+
+
+def test_without_the_setting_the_handler_is_never_fixed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FIX_SETTING, raising=False)
+    assert not is_fixed()
+
+
+def test_the_writer_inserts_updates_and_soft_deletes_and_leaves_the_poison_row_alone(tmp_path: Path) -> None:
+    # Given a source table and a fast writer
+    path = tmp_path / "source.db"
+    engine = sqlite_engine(path)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SOURCE_DDL)
+    writer = SourceWriter(path, rate=800, seed=3).start()
+    # When it runs and a poison row is requested
+    wait_for(lambda: writer.written >= 100, 20, "100 changes")
+    writer.inject_poison()
+    wait_for(lambda: writer.poison_id is not None and writer.written >= 400, 20, "the poison row and 400 changes")
+    writer.stop()
+    # Then every kind of change was written, versions are dense, and the poison row was never touched again
+    assert all(n > 0 for n in writer.ops.values()), writer.ops
+    with engine.connect() as conn:
+        versions = [v for (v,) in conn.execute(sa.text("SELECT version FROM orders"))]
+        poison = conn.execute(sa.text("SELECT status, deleted_at FROM orders WHERE id = :i"),
+                              {"i": writer.poison_id}).one()  # fmt: skip
+    assert max(versions) == writer.version == writer.written
+    assert tuple(poison) == ("poison", None)
+    assert writer.seconds_behind(writer.version) == 0.0 and writer.seconds_behind(0) > 0
+    engine.dispose()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose (its parent, the shell, was killed and init reaps it)
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_stopping_a_child_also_stops_its_grandchildren(tmp_path: Path) -> None:
+    # Given a child that starts a grandchild and records its pid
+    pid_file = tmp_path / "grandchild.pid"
+    script = f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"  # noqa: E501
+    child = ChildProcess([sys.executable, "-c", script], cwd=tmp_path, log=tmp_path / "child.log")
+    wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 20, "the grandchild")
+    grandchild = int(pid_file.read_text())
+    # When the child is stopped
+    started = time.monotonic()
+    child.stop(grace=5)
+    # Then the whole process group is gone
+    assert not child.alive()
+    wait_for(lambda: not _alive(grandchild), 10, "the grandchild to exit")
+    assert time.monotonic() - started < 10
