@@ -1,56 +1,37 @@
 """The Service Bus sink: a batch becomes one or more messages with deterministic ids.
 
-The tick commits its checkpoint only after :meth:`ServiceBusSink.send` returned, which it does
-only once the broker accepted every message. A re-send after a failed commit (W1) produces the
-same message ids, and the queue's duplicate detection drops the copies.
+A re-send after a failed commit (W1) produces the same message ids, and the queue's duplicate
+detection drops the copies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
+from poller.sink_queue import ClaimCheckHook, QueueSink
 from shared.config import PollerConfig
 from shared.messages import OutgoingMessage, pack_batch
 from shared.models import Batch, RowChange
 from shared.servicebus import QueueSender
-from shared.telemetry import metrics
 
-__all__ = ["ServiceBusSink"]
+__all__ = ["ServiceBusSink", "session_key"]
 
 
-class ServiceBusSink:
-    """Implements the poller's ``Sink`` port on one reusable queue sender."""
+class ServiceBusSink(QueueSink):
+    """Queue sink on a Service Bus sender; with ``sessions``, one message per key, in its session."""
 
-    def __init__(
-        self,
-        poller: PollerConfig,
-        sender: QueueSender,
-        *,
-        claim_check: Callable[[RowChange, int], RowChange] | None = None,
-    ) -> None:
-        self._poller = poller
-        self._sender = sender
-        self._claim_check = claim_check if poller.oversize_policy == "claim-check" else None
+    def __init__(self, poller: PollerConfig, sender: QueueSender, *, claim_check: ClaimCheckHook | None = None) -> None:
+        super().__init__(poller, sender, limit=poller.max_message_bytes, claim_check=claim_check)
 
     def messages_for(self, batch: Batch) -> list[OutgoingMessage]:
-        limit = self._poller.max_message_bytes
         if not self._poller.sessions:
-            return pack_batch(batch, limit, oversize=self._claim_check)
+            return super().messages_for(batch)
         # Per-key ordering: each message carries one event and the session of its primary key.
         by_id = {e.event_id: e for e in batch.events}
         return [
             replace(m, session_id=session_key(self._poller, by_id[m.event_ids[0]]))
-            for m in pack_batch(batch, limit, oversize=self._claim_check, max_events=1)
+            for m in pack_batch(batch, self._limit, oversize=self._claim_check, max_events=1)
         ]
-
-    def send(self, batch: Batch) -> None:
-        messages = self.messages_for(batch)
-        self._sender.send_all(messages)
-        metrics.messages_enqueued.add(len(messages), {"poller": batch.poller})
-
-    def close(self) -> None:
-        self._sender.close()
 
 
 def session_key(poller: PollerConfig, event: RowChange) -> str:

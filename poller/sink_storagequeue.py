@@ -6,39 +6,17 @@ delivered twice; the worker-side processed-events helper is mandatory with this 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from poller.sink_queue import ClaimCheckHook, QueueSink
 from shared.config import PollerConfig
-from shared.messages import OutgoingMessage, pack_batch
-from shared.models import Batch, RowChange
 from shared.storagequeue import MAX_BODY_BYTES, StorageQueueSender
-from shared.telemetry import metrics
 
 __all__ = ["StorageQueueSink"]
 
 
-class StorageQueueSink:
-    """Implements the poller's ``Sink`` port on a storage queue."""
+class StorageQueueSink(QueueSink):
+    """Queue sink on a storage queue (base64 text, 64 KiB per message)."""
 
     def __init__(
-        self,
-        poller: PollerConfig,
-        sender: StorageQueueSender,
-        *,
-        claim_check: Callable[[RowChange, int], RowChange] | None = None,
+        self, poller: PollerConfig, sender: StorageQueueSender, *, claim_check: ClaimCheckHook | None = None
     ) -> None:
-        self._poller = poller
-        self._sender = sender
-        self._claim_check = claim_check if poller.oversize_policy == "claim-check" else None
-        self._limit = min(poller.max_message_bytes, MAX_BODY_BYTES)
-
-    def messages_for(self, batch: Batch) -> list[OutgoingMessage]:
-        return pack_batch(batch, self._limit, oversize=self._claim_check)
-
-    def send(self, batch: Batch) -> None:
-        messages = self.messages_for(batch)
-        self._sender.send_all(messages)
-        metrics.messages_enqueued.add(len(messages), {"poller": batch.poller})
-
-    def close(self) -> None:
-        self._sender.close()
+        super().__init__(poller, sender, limit=min(poller.max_message_bytes, MAX_BODY_BYTES), claim_check=claim_check)
