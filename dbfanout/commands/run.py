@@ -9,6 +9,7 @@ receiving, lets running calls finish and releases what the app holds.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -17,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from dbfanout.commands.common import EXIT_OK, ConfigOption, reporting_errors
+from dbfanout.commands.common import EXIT_CHECK_FAILED, EXIT_OK, ConfigOption, reporting_errors
 from dbfanout.host import DEFAULT_APP, LocalHost
 from dbfanout.host.host import configure_logging
 from shared.config import CONFIG_SETTING
@@ -55,6 +56,11 @@ def run(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     sys.stdout.flush()
+    sys.stderr.flush()
+    if not host.clean_stop:
+        # A call outlived --grace. Its thread would block interpreter exit (pool threads are
+        # joined at exit), so leave now: its message is unsettled and comes back after the lock.
+        os._exit(EXIT_CHECK_FAILED)
     raise typer.Exit(EXIT_OK)
 
 

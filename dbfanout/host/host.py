@@ -53,6 +53,7 @@ class LocalHost:
         self.queues: list[QueueRunner] = []
         self.app: Any = None
         self._stopped = False
+        self.clean_stop = True  # False when a call outlived the grace period
 
     def start(self) -> None:
         """Load settings, host.json and the app; start every supported trigger."""
@@ -103,7 +104,10 @@ class LocalHost:
         parts: list[TimerRunner | QueueRunner] = [*self.timers, *self.queues]
         for part in parts:
             if not part.join(max(0.1, deadline - time.monotonic())):
+                self.clean_stop = False
                 log.warning("a trigger did not stop in time", extra=ids(function=part.spec.name))
+        if any(q.running for q in self.queues):
+            self.clean_stop = False
         self._close_app()
         log.info("host stopped")
 

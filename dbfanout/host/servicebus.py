@@ -91,6 +91,11 @@ class QueueRunner:
         self._grace = grace
         self._stop.set()
 
+    @property
+    def running(self) -> int:
+        """Calls not settled yet (after a stop: those that outlived the grace period)."""
+        return len(self._inflight)
+
     def join(self, timeout: float) -> bool:
         if self._thread is not None:
             self._thread.join(timeout)
