@@ -161,3 +161,8 @@ def dead_letter(
                 receiver.dead_letter_message(message, reason=reason, error_description=f"{reason} (test)")
                 done += 1
     return message_ids
+
+
+def said(result: Result) -> str:
+    """What the command printed (stderr then stdout), with rich's line wrapping undone."""
+    return " ".join((result.stderr + " " + result.stdout).split())

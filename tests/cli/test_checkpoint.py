@@ -9,6 +9,7 @@ import pytest
 
 from dbfanout.ops import checkpoints as ops
 from poller.source import SqlSource
+from tests.cli.conftest import said
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ def test_reset_is_refused_while_a_live_lease_is_held_even_with_force(workspace):
         result = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--yes", *extra)
         # Then it is refused with exit 3, naming the holder, and nothing changed
         assert result.exit_code == 3
-        assert "live lease" in result.stderr and "busy-tick" in result.stderr
+        assert "live lease" in said(result) and "busy-tick" in said(result)
     assert store.load() == before
 
 
@@ -93,7 +94,7 @@ def test_reset_over_an_expired_unreleased_lease_needs_force(workspace):
     refused = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--yes")
     forced = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--yes", "--force")
     # Then the first is refused (exit 3, says --force) and the second writes
-    assert refused.exit_code == 3 and "--force" in refused.stderr
+    assert refused.exit_code == 3 and "--force" in said(refused)
     assert forced.exit_code == 0, forced.stderr
     assert store.load().doc.checkpoint.position is None
     assert store.load().doc.lease.fencing_token > crashed.lease.fencing_token
@@ -104,7 +105,7 @@ def test_reset_without_yes_and_without_a_terminal_is_refused(workspace):
     workspace.drain()
     before = workspace.store().load()
     result = workspace.run("checkpoint", "reset", "orders", "--to-beginning")
-    assert result.exit_code == 3 and "--yes" in result.stderr
+    assert result.exit_code == 3 and "--yes" in said(result)
     assert workspace.store().load() == before
 
 
@@ -121,7 +122,7 @@ def test_dry_run_shows_the_change_and_writes_nothing(workspace):
 
 def test_unknown_poller_is_a_usage_error(workspace):
     result = workspace.run("checkpoint", "reset", "nosuch", "--to-beginning", "--yes")
-    assert result.exit_code == 2 and "no such poller" in result.stderr
+    assert result.exit_code == 2 and "no such poller" in said(result)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +134,7 @@ def test_a_bad_cursor_or_pk_literal_is_a_usage_error(workspace, cursor, pk, says
     workspace.drain()
     result = workspace.run("checkpoint", "reset", "orders", "--to-cursor", cursor, "--pk", pk, "--yes")
     assert result.exit_code == 2
-    assert says in result.stderr
+    assert says in said(result)
 
 
 def test_a_changed_source_is_refused_until_the_new_fingerprint_is_accepted(workspace):
@@ -147,7 +148,7 @@ def test_a_changed_source_is_refused_until_the_new_fingerprint_is_accepted(works
     refused = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--yes")
     accepted = workspace.run("checkpoint", "reset", "orders", "--accept-fingerprint", "--yes")
     # Then the first is refused as a fingerprint mismatch; after the second the poller runs on
-    assert refused.exit_code == 3 and "fingerprint mismatch" in refused.stderr
+    assert refused.exit_code == 3 and "fingerprint mismatch" in said(refused)
     assert accepted.exit_code == 0, accepted.stderr
     workspace.source.upsert([3])
     assert delivered(workspace.drain()) == [3]
@@ -201,4 +202,4 @@ def test_clone_copies_the_position_and_never_overwrites(workspace):
     workspace.source.upsert([6])
     assert delivered(workspace.drain("orders_backfill")) == [6]
     again = workspace.run("checkpoint", "clone", "orders", "orders_backfill", "--yes")
-    assert again.exit_code == 3 and "never overwrites" in again.stderr
+    assert again.exit_code == 3 and "never overwrites" in said(again)

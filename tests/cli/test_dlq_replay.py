@@ -11,7 +11,7 @@ from azure.servicebus import ServiceBusMessage
 from dbfanout.ops.bus import peek_all
 from shared.models import HandlerContext, RowChange
 from shared.servicebus import QueueSender
-from tests.cli.conftest import dead_letter
+from tests.cli.conftest import dead_letter, said
 from worker.consumer import settle_received
 from worker.runtime import Worker
 from worker.split import Splitter
@@ -121,14 +121,14 @@ def test_export_then_replay_from_the_repaired_file(workspace, bus, tmp_path):
 def test_replay_refusals_and_dry_run(workspace, bus):
     dead_letter(bus, workspace.queue, [b"a", b"b"])
     nothing = workspace.run("dlq", "replay", workspace.queue, "--yes")
-    assert nothing.exit_code == 2 and "--all" in nothing.stderr
+    assert nothing.exit_code == 2 and "--all" in said(nothing)
     no_yes = workspace.run("dlq", "replay", workspace.queue, "--all")
-    assert no_yes.exit_code == 3 and "--yes" in no_yes.stderr
+    assert no_yes.exit_code == 3 and "--yes" in said(no_yes)
     dry = workspace.run("dlq", "replay", workspace.queue, "--all", "--dry-run", "--json")
     assert dry.exit_code == 0 and json.loads(dry.stdout)["selected"] == 2
     assert workspace.emulator.queue_stats(workspace.queue)["dead_lettered"] == 2
     missing = workspace.run("dlq", "peek", "no-such-queue")
-    assert missing.exit_code == 1 and "does not exist" in missing.stderr
+    assert missing.exit_code == 1 and "does not exist" in said(missing)
 
 
 def test_purge_needs_yes_and_respects_older_than(workspace, bus):

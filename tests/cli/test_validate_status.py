@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from dbfanout.ops.validation import needed_window_seconds, schedule_interval_seconds
 from poller.source import SqlSource
 from shared.config import PollerConfig
+from tests.cli.conftest import said
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +55,7 @@ def test_validate_of_an_unknown_poller_or_a_broken_config_is_a_usage_error(works
     assert workspace.run("validate", "nosuch").exit_code == 2
     workspace.config_path.write_text("[app]\nname = 'x'\n")
     broken = workspace.run("validate")
-    assert broken.exit_code == 2 and "pollers" in broken.stderr
+    assert broken.exit_code == 2 and "pollers" in said(broken)
 
 
 def test_duplicate_detection_window_covers_ttl_interval_and_tick():
