@@ -42,12 +42,32 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval:
         time.sleep(interval)
 
 
-def sqlite_engine(path: Path) -> sa.Engine:
-    """An engine on a WAL-mode SQLite file: readers and the writer do not block each other."""
-    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+def sqlite_engine(path: Path | str) -> sa.Engine:
+    """An engine on a WAL-mode SQLite file (readers and the writer do not block each other), or on a URL."""
+    if isinstance(path, str) and not path.startswith("sqlite"):
+        return sa.create_engine(path)
+    url = path if isinstance(path, str) else f"sqlite:///{path}"
+    engine = sa.create_engine(url, connect_args={"timeout": 30})
     with engine.begin() as conn:
         conn.exec_driver_sql("PRAGMA journal_mode=WAL")
     return engine
+
+
+def pg_schema_url(base: str, schema: str) -> str:
+    """``base`` with its search_path set to ``schema`` (created here), isolating a test's tables."""
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    engine.dispose()
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options=-csearch_path%3D{schema}"
+
+
+def drop_pg_schema(base: str, schema: str) -> None:
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    engine.dispose()
 
 
 @dataclass
@@ -70,6 +90,8 @@ class AppDir:
         schedule: str = "*/1 * * * * *",
         batch_size: int = 100,
         host_json: dict[str, Any] | None = None,
+        source_url: str | None = None,
+        target_url: str | None = None,
     ) -> AppDir:
         root.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "function_app.py", root / "function_app.py")
@@ -84,8 +106,8 @@ class AppDir:
             "DBFANOUT_CONFIG": "dbfanout.toml",
             "DBFANOUT_STATE": storage,
             "DBFANOUT_SERVICEBUS": servicebus,
-            "ORDERS_DB_URL": f"sqlite:///{root / 'source.db'}",
-            "TARGET_DB_URL": f"sqlite:///{root / 'target.db'}",
+            "ORDERS_DB_URL": source_url or f"sqlite:///{root / 'source.db'}",
+            "TARGET_DB_URL": target_url or f"sqlite:///{root / 'target.db'}",
         }
         (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
         app = cls(root, queue, settings)
@@ -109,7 +131,8 @@ soft_delete_column = "deleted_at"
 handler = "handlers.example:handle"
 """
         )
-        sqlite_engine(root / "target.db").dispose()  # WAL before the handler creates its tables
+        if target_url is None:
+            sqlite_engine(root / "target.db").dispose()  # WAL before the handler creates its tables
         return app
 
 
@@ -169,7 +192,7 @@ class HostProcess:
 class SourceWriter:
     """Inserts, updates and soft-deletes rows of ``orders`` from a thread, in small transactions."""
 
-    def __init__(self, path: Path, rows: int, *, seed: int = 7, per_txn: int = 20, pause: float = 0.02) -> None:
+    def __init__(self, path: Path | str, rows: int, *, seed: int = 7, per_txn: int = 20, pause: float = 0.02) -> None:
         self.engine = sqlite_engine(path)
         with self.engine.begin() as conn:
             conn.exec_driver_sql(SOURCE_DDL)
@@ -254,21 +277,23 @@ class SourceWriter:
 class Target:
     """Reads what the example handler wrote."""
 
-    def __init__(self, path: Path) -> None:
-        self.engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+    def __init__(self, path: Path | str) -> None:
+        url = path if isinstance(path, str) else f"sqlite:///{path}"
+        self.engine = sa.create_engine(url, connect_args={"timeout": 30} if url.startswith("sqlite") else {})
+
+    def _has(self, table: str) -> bool:
+        return sa.inspect(self.engine).has_table(table)
 
     def _count(self, table: str) -> int:
+        if not self._has(table):
+            return 0
         with self.engine.connect() as conn:
-            exists = conn.execute(sa.text("SELECT 1 FROM sqlite_master WHERE name = :t"), {"t": table}).first()
-            if not exists:
-                return 0
             return int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one())
 
     def rows(self) -> dict[int, dict[str, Any]]:
+        if not self._has("dbfanout_example_target"):
+            return {}
         with self.engine.connect() as conn:
-            exists = conn.execute(sa.text("SELECT 1 FROM sqlite_master WHERE name = 'dbfanout_example_target'")).first()
-            if not exists:
-                return {}
             found = conn.execute(sa.text("SELECT pk, row FROM dbfanout_example_target")).all()
         return {int(loads(pk)["id"]): loads(row) for pk, row in found}
 

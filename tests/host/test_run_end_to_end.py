@@ -8,6 +8,7 @@ queue (duplicate detection, MaxDeliveryCount 10, lock PT30S) â†’ queue trigger â
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,17 @@ from azure.storage.blob import BlobServiceClient
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.conftest import FULL
-from tests.host.app_support import AppDir, HostProcess, SourceWriter, Target, wait_for
+from tests.host.app_support import (
+    AppDir,
+    HostProcess,
+    SourceWriter,
+    Target,
+    drop_pg_schema,
+    pg_schema_url,
+    wait_for,
+)
 from tests.support.azurite import Azurite
+from tests.support.databases import PG_URL, unique_name, unreachable_reason
 
 pytestmark = pytest.mark.integration
 
@@ -26,13 +36,35 @@ CRASH_ROWS = 5_000 if FULL else 600
 KILLS = 30 if FULL else 10
 
 
-def _app(tmp_path: Path, azurite: Azurite, servicebus: Emulator) -> AppDir:
+def _app(tmp_path: Path, azurite: Azurite, servicebus: Emulator, db_url: str | None = None) -> AppDir:
     queue = unique_queue(
         servicebus, "orders", requires_duplicate_detection=True, max_delivery_count=10, lock_duration="PT30S"
     )
     return AppDir.create(
-        tmp_path / "app", queue=queue, storage=azurite.connection_string, servicebus=servicebus.connection_string
+        tmp_path / "app",
+        queue=queue,
+        storage=azurite.connection_string,
+        servicebus=servicebus.connection_string,
+        source_url=db_url,
+        target_url=db_url,
     )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """None: SQLite files in the app folder; else a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        yield None
+        return
+    reason = unreachable_reason(PG_URL)
+    if reason:
+        pytest.skip(reason)
+    schema = unique_name("e2e")
+    url = pg_schema_url(PG_URL, schema)
+    try:
+        yield url
+    finally:
+        drop_pg_schema(PG_URL, schema)
 
 
 def _converged(writer: SourceWriter, target: Target) -> bool:
@@ -40,12 +72,12 @@ def _converged(writer: SourceWriter, target: Target) -> bool:
 
 
 def test_run_replicates_concurrent_inserts_updates_and_soft_deletes_exactly(
-    tmp_path: Path, azurite: Azurite, servicebus: Emulator
+    tmp_path: Path, azurite: Azurite, servicebus: Emulator, db_url: str | None
 ) -> None:
     # Given the app folder, its source table and a running host
-    app = _app(tmp_path, azurite, servicebus)
-    writer = SourceWriter(app.root / "source.db", ROWS, pause=0.02)
-    target = Target(app.root / "target.db")
+    app = _app(tmp_path, azurite, servicebus, db_url)
+    writer = SourceWriter(db_url or app.root / "source.db", ROWS, pause=0.02)
+    target = Target(db_url or app.root / "target.db")
     host = HostProcess(app).start()
     try:
         # When a writer inserts, updates and soft-deletes rows while the app runs
