@@ -28,10 +28,10 @@ from dbfanout.ops.literals import LiteralError, parse_position
 from poller.source import SqlSource
 from shared.codec import dumps, encode_position, loads
 from shared.config import Config
-from shared.errors import ConfigError, SerializationError
+from shared.errors import SerializationError
 from shared.models import Position, StateDoc
 
-PollerArg = Annotated[str, typer.Argument(help="The poller (a [pollers.NAME] table of dbfanout.toml)")]
+PollerArg = Annotated[str, typer.Argument(help="The poller (a pollers.NAME table of dbfanout.toml)")]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Write without asking")]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show the before/after; write nothing")]
 
@@ -151,7 +151,7 @@ def reset_command(
 
 def clone_command(
     poller: PollerArg,
-    new_name: Annotated[str, typer.Argument(help="The new poller's name (configure [pollers.NEW_NAME] to run it)")],
+    new_name: Annotated[str, typer.Argument(help="The new poller's name (configure pollers.NEW_NAME to run it)")],
     from_beginning: Annotated[
         bool, typer.Option("--from-beginning", help="Start the clone with no checkpoint (a full backfill)")
     ] = False,
@@ -223,4 +223,4 @@ def _show(plan: ops.Plan) -> None:
         console.print(f"[yellow]note:[/] {note}")
 
 
-__all__ = ["ConfigError", "register"]
+__all__ = ["register"]
