@@ -24,13 +24,20 @@ log = logging.getLogger("sbemulator.server")
 MAX_TIMEOUT = 0.5
 RECV_CHUNK = 256 * 1024
 TRANSPORT_TICK_INTERVAL = 0.1
+MAX_EVENTS_PER_PASS = 10_000
 # Only these events need the handler; skipping the rest before proton wraps them in Python
 # objects (TRANSPORT fires on every frame) saves much of the per-message cost.
 _HANDLED = frozenset(
     e.number
     for e in (
-        Event.CONNECTION_REMOTE_OPEN, Event.SESSION_REMOTE_OPEN, Event.LINK_REMOTE_OPEN, Event.LINK_FLOW,
-        Event.DELIVERY, Event.LINK_REMOTE_CLOSE, Event.SESSION_REMOTE_CLOSE, Event.CONNECTION_REMOTE_CLOSE,
+        Event.CONNECTION_REMOTE_OPEN,
+        Event.SESSION_REMOTE_OPEN,
+        Event.LINK_REMOTE_OPEN,
+        Event.LINK_FLOW,
+        Event.DELIVERY,
+        Event.LINK_REMOTE_CLOSE,
+        Event.SESSION_REMOTE_CLOSE,
+        Event.CONNECTION_REMOTE_CLOSE,
     )
 )
 
@@ -171,7 +178,9 @@ class AmqpServer:
         """Dispatch the connection's pending proton events; a handler error closes only it."""
         collector = conn.collector
         impl = collector._impl
-        while raw := cproton.pn_collector_peek(impl):  # a NULL cdata pointer is falsy
+        budget = MAX_EVENTS_PER_PASS  # one chatty connection must not starve the loop (and the others)
+        while budget and (raw := cproton.pn_collector_peek(impl)):  # a NULL cdata pointer is falsy
+            budget -= 1
             if cproton.pn_event_type(raw) not in _HANDLED:
                 collector.pop()
                 continue
@@ -200,7 +209,12 @@ class AmqpServer:
         try:
             pending = t.pending()
             while pending > 0:
-                sent = conn.sock.send(t.peek(pending) or b"")
+                chunk = t.peek(pending)
+                if not chunk:  # nothing to hand out despite pending > 0: never spin on it
+                    break
+                sent = conn.sock.send(chunk)
+                if sent <= 0:
+                    break
                 t.pop(sent)
                 pending = t.pending()
             if pending < 0 and t.capacity() < 0:

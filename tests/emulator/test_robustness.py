@@ -138,3 +138,40 @@ def test_cli_prints_connection_string_and_stops_on_sigterm(tmp_path: Path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_storm_of_killed_busy_clients_never_stalls_the_server(make_queue, emulator: Emulator):
+    # Given clients that send, receive, complete and abandon flat out, each SIGKILLed mid-flight
+    import random
+    import threading
+
+    queue = make_queue(lock_duration="PT5S")
+    rng = random.Random(7)
+    for _ in range(6):
+        child = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("_busy_client.py")), emulator.connection_string, queue],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline().startswith("ready")
+            threading.Event().wait(rng.uniform(0.1, 1.0))  # let it get busy: a random moment to die
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        # Then a brand-new client is served promptly (a stalled loop would hang it in the handshake)
+        served = threading.Event()
+
+        def probe(served: threading.Event = served) -> None:
+            with ServiceBusClient.from_connection_string(emulator.connection_string, retry_total=0) as fresh:
+                with fresh.get_queue_sender(queue) as sender:
+                    sender.send_messages(ServiceBusMessage(b"probe"))
+                with fresh.get_queue_receiver(queue) as receiver:
+                    receiver.peek_messages(max_message_count=1)
+            served.set()
+
+        threading.Thread(target=probe, daemon=True).start()
+        assert served.wait(timeout=30), "the emulator stopped serving new connections after a client was killed"
