@@ -1,9 +1,9 @@
 """A local Azure Service Bus emulator: an AMQP 1.0 server the unmodified azure-servicebus SDK uses.
 
-    from sbemulator import Emulator, EmulatorConfig
+from sbemulator import Emulator, EmulatorConfig
 
-    with Emulator(EmulatorConfig.with_queues("orders", lock_duration="PT5S")) as emu:
-        client = ServiceBusClient.from_connection_string(emu.connection_string)
+with Emulator(EmulatorConfig.with_queues("orders", lock_duration="PT5S")) as emu:
+    client = ServiceBusClient.from_connection_string(emu.connection_string)
 """
 
 from sbemulator.config import EmulatorConfig, QueueConfig, QueueProperties

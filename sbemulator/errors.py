@@ -1,17 +1,17 @@
 """Errors of the emulator.
 
-    EmulatorError
-    ├── ConfigError              bad Config.json / queue properties (names the key)
-    └── BrokerError              a refused broker operation; ``condition`` is the AMQP error sent
-        ├── EntityNotFoundError          amqp:not-found
-        ├── MessageSizeExceededError     amqp:link:message-size-exceeded
-        ├── QuotaExceededError           amqp:resource-limit-exceeded
-        ├── ServerBusyError              com.microsoft:server-busy (fault injection)
-        ├── MessageLockLostError         com.microsoft:message-lock-lost
-        ├── SessionLockLostError         com.microsoft:session-lock-lost
-        ├── SessionCannotBeLockedError   com.microsoft:session-cannot-be-locked
-        ├── MessageNotFoundError         com.microsoft:message-not-found
-        └── InvalidOperationError        amqp:not-allowed
+EmulatorError
+├── ConfigError              bad Config.json / queue properties (names the key)
+└── BrokerError              a refused broker operation; ``condition`` is the AMQP error sent
+    ├── EntityNotFoundError          amqp:not-found
+    ├── MessageSizeExceededError     amqp:link:message-size-exceeded
+    ├── QuotaExceededError           amqp:resource-limit-exceeded
+    ├── ServerBusyError              com.microsoft:server-busy (fault injection)
+    ├── MessageLockLostError         com.microsoft:message-lock-lost
+    ├── SessionLockLostError         com.microsoft:session-lock-lost
+    ├── SessionCannotBeLockedError   com.microsoft:session-cannot-be-locked
+    ├── MessageNotFoundError         com.microsoft:message-not-found
+    └── InvalidOperationError        amqp:not-allowed
 """
 
 from __future__ import annotations

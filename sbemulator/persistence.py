@@ -84,9 +84,7 @@ class SqliteJournal:
         deletes = [(q, s) for (q, s), m in messages.items() if m is None]
         with self._transaction():
             self._db.executemany("DELETE FROM messages WHERE queue=? AND seq=?", deletes)
-            self._db.executemany(
-                "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts
-            )
+            self._db.executemany("INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts)
             self._db.executemany(
                 "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?)",
                 [(q, r.session_id, r.state, r.updated_at) for (q, _), r in sessions.items()],
@@ -133,15 +131,40 @@ class _Tx:
 
 def _row(queue: str, m: StoredMessage) -> tuple[object, ...]:
     return (
-        queue, m.seq, m.payload, m.message_id, m.session_id, m.enqueued_at, m.expires_at, int(m.state),
-        m.delivery_count, m.scheduled_at, m.ttl, m.dead_letter_reason, m.dead_letter_description,
+        queue,
+        m.seq,
+        m.payload,
+        m.message_id,
+        m.session_id,
+        m.enqueued_at,
+        m.expires_at,
+        int(m.state),
+        m.delivery_count,
+        m.scheduled_at,
+        m.ttl,
+        m.dead_letter_reason,
+        m.dead_letter_description,
         m.dead_letter_source,
     )
 
 
 def _message(row: tuple[object, ...]) -> StoredMessage:
-    (_, seq, payload, message_id, session_id, enqueued_at, expires_at, state, delivery_count,
-     scheduled_at, ttl, reason, description, source) = row
+    (
+        _,
+        seq,
+        payload,
+        message_id,
+        session_id,
+        enqueued_at,
+        expires_at,
+        state,
+        delivery_count,
+        scheduled_at,
+        ttl,
+        reason,
+        description,
+        source,
+    ) = row
     return StoredMessage(
         seq=int(seq),  # type: ignore[call-overload]
         payload=bytes(payload),  # type: ignore[call-overload]

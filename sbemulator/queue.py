@@ -87,9 +87,7 @@ class Queue:
     def enqueue(self, incoming: IncomingMessage, now: float) -> int | None:
         """Store a message; returns its sequence number, or None when dropped as a duplicate."""
         if self.props.requires_session and incoming.session_id is None and not self.is_dead_letter:
-            raise InvalidOperationError(
-                f"queue '{self.name}' requires sessions: set session_id on every message"
-            )
+            raise InvalidOperationError(f"queue '{self.name}' requires sessions: set session_id on every message")
         if self._is_duplicate(incoming.message_id, now):
             return None
         self._check_quota(incoming.size)

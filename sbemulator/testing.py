@@ -1,11 +1,11 @@
 """Helpers for test suites that need a running emulator (no pytest import needed).
 
-    from sbemulator.testing import running_emulator
+from sbemulator.testing import running_emulator
 
-    @pytest.fixture(scope="session")
-    def servicebus():
-        with running_emulator(EmulatorConfig.with_queues("orders")) as emu:
-            yield emu
+@pytest.fixture(scope="session")
+def servicebus():
+    with running_emulator(EmulatorConfig.with_queues("orders")) as emu:
+        yield emu
 """
 
 from __future__ import annotations
