@@ -11,9 +11,6 @@ import typer
 from rich.console import Console
 
 from dbfanout.commands.common import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, JsonOption, fail, print_json
-from dbfanout.demo import DemoOptions, run_demo
-from dbfanout.demo.services import ServiceError
-from dbfanout.demo.view import LiveView, render_summary
 
 __all__ = ["EXIT_INTERRUPTED", "demo", "register"]
 
@@ -35,6 +32,11 @@ def demo(
 
     Exits 0 only when the target table matches the source exactly.
     """
+    # Loaded here, not at import: the demo pulls in the emulator, the SDKs and the host.
+    from dbfanout.demo import DemoOptions, run_demo
+    from dbfanout.demo.services import ServiceError
+    from dbfanout.demo.view import LiveView, render_summary
+
     stderr = Console(stderr=True)
     view = LiveView(stderr, live=stderr.is_terminal and not json_out)
     previous = signal.signal(signal.SIGTERM, _interrupt)

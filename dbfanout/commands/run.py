@@ -19,11 +19,11 @@ from typing import Annotated
 import typer
 
 from dbfanout.commands.common import EXIT_CHECK_FAILED, EXIT_OK, ConfigOption, reporting_errors
-from dbfanout.host import DEFAULT_APP, LocalHost
-from dbfanout.host.host import configure_logging
 from shared.config import CONFIG_SETTING
 
 __all__ = ["register", "run"]
+
+DEFAULT_APP = "function_app:app"  # the same default as dbfanout.host.app_loader (imported lazily)
 
 
 def run(
@@ -42,6 +42,11 @@ def run(
     root = (app_root or Path.cwd()).resolve()
     extra = {CONFIG_SETTING: str(config.resolve())} if config is not None else {}
     logging.getLogger().setLevel(logging.WARNING)
+    # The host (azure.functions, croniter, the SDKs) loads only when this command runs, so that
+    # every other dbfanout command starts fast.
+    from dbfanout.host import LocalHost
+    from dbfanout.host.host import configure_logging
+
     configure_logging(getattr(logging, log_level.upper(), logging.INFO))
     stop = threading.Event()
     host = LocalHost(root, app, extra_settings=extra, grace_seconds=grace)
