@@ -23,6 +23,7 @@ from typing import Any
 from dbfanout.host.app_loader import DEFAULT_APP, FunctionSpec, apply_settings, discover, load_app
 from dbfanout.host.hostjson import HostJson, load_host_json
 from dbfanout.host.servicebus import QueueRunner
+from dbfanout.host.storagequeue import StorageQueueRunner
 from dbfanout.host.timers import TimerRunner
 from shared.logs import get_logger, ids
 
@@ -50,7 +51,7 @@ class LocalHost:
         self.host_json: HostJson = HostJson()
         self.functions: list[FunctionSpec] = []
         self.timers: list[TimerRunner] = []
-        self.queues: list[QueueRunner] = []
+        self.queues: list[QueueRunner | StorageQueueRunner] = []
         self.app: Any = None
         self._stopped = False
         self.clean_stop = True  # False when a call outlived the grace period
@@ -66,11 +67,13 @@ class LocalHost:
                 self.timers.append(TimerRunner(spec, settings))
             elif spec.trigger_type == "serviceBusTrigger":
                 self.queues.append(QueueRunner(spec, settings, self.host_json.service_bus))
+            elif spec.trigger_type == "queueTrigger":
+                self.queues.append(StorageQueueRunner(spec, settings, self.host_json.queues))
             else:
                 keys = ids(function=spec.name, type=spec.trigger_type)
                 log.warning("trigger type not served by the local host; skipped", extra=keys)
         # Parse everything before starting anything: a bad schedule fails the start, not a thread.
-        runners: list[TimerRunner | QueueRunner] = [*self.queues, *self.timers]
+        runners: list[TimerRunner | QueueRunner | StorageQueueRunner] = [*self.queues, *self.timers]
         for runner in runners:
             runner.start()
         log.info(
@@ -101,7 +104,7 @@ class LocalHost:
         for runner in self.queues:
             runner.stop(self.grace_seconds)
         deadline = time.monotonic() + self.grace_seconds + 5.0
-        parts: list[TimerRunner | QueueRunner] = [*self.timers, *self.queues]
+        parts: list[TimerRunner | QueueRunner | StorageQueueRunner] = [*self.timers, *self.queues]
         for part in parts:
             if not part.join(max(0.1, deadline - time.monotonic())):
                 self.clean_stop = False

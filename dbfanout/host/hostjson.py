@@ -2,7 +2,10 @@
 
 Service Bus extension 5.x (``extensions.serviceBus``): ``autoCompleteMessages`` true,
 ``maxAutoLockRenewalDuration`` 00:05:00, ``maxConcurrentCalls`` 16, ``prefetchCount`` 0,
-``maxMessageBatchSize`` 1000. ``logging.logLevel.default`` / ``Function`` set the log level.
+``maxMessageBatchSize`` 1000. Storage Queues extension 5.x (``extensions.queues``): ``batchSize`` 16,
+``newBatchThreshold`` batchSize/2, ``maxPollingInterval`` 00:01:00, ``visibilityTimeout`` 00:00:00,
+``maxDequeueCount`` 5, ``messageEncoding`` base64. ``logging.logLevel.default`` / ``Function`` set
+the log level.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from shared.errors import ConfigError
 
-__all__ = ["HostJson", "ServiceBusOptions", "load_host_json", "parse_timespan"]
+__all__ = ["HostJson", "QueueOptions", "ServiceBusOptions", "load_host_json", "parse_timespan"]
 
 _TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,7}))?$")
 _LEVELS = {
@@ -52,15 +55,36 @@ class ServiceBusOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """``extensions.queues`` settings the local host applies (official defaults)."""
+
+    batch_size: int = 16
+    new_batch_threshold: int = 8
+    max_polling_interval_seconds: float = 60.0
+    visibility_timeout_seconds: float = 0.0
+    max_dequeue_count: int = 5
+    message_encoding: str = "base64"
+
+    @property
+    def max_concurrent_calls(self) -> int:
+        """The host fetches a new batch once in-flight calls drop to the threshold."""
+        return self.batch_size + self.new_batch_threshold
+
+
+@dataclass(frozen=True, slots=True)
 class HostJson:
     service_bus: ServiceBusOptions = ServiceBusOptions()
     log_level: int = logging.INFO
+    queues: QueueOptions = QueueOptions()
 
 
-def _int(section: dict[str, Any], name: str, default: int, lo: int) -> int:
+def _int(
+    section: dict[str, Any], name: str, default: int, lo: int, ext: str = "serviceBus", hi: int | None = None
+) -> int:
     value = section.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ConfigError(f"host.json extensions.serviceBus.{name}", f"must be an integer >= {lo} (got {value!r})")
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"from {lo} to {hi}"
+        raise ConfigError(f"host.json extensions.{ext}.{name}", f"must be an integer {bound} (got {value!r})")
     return value
 
 
@@ -81,6 +105,31 @@ def _service_bus(section: dict[str, Any]) -> ServiceBusOptions:
     )
 
 
+def _queues(section: dict[str, Any]) -> QueueOptions:
+    key = "host.json extensions.queues"
+    # The service returns at most 32 messages per request, so that is batchSize's ceiling.
+    batch = _int(section, "batchSize", 16, 1, "queues", hi=32)
+    encoding = str(section.get("messageEncoding", "base64")).lower()
+    if encoding != "base64":
+        raise ConfigError(
+            f"{key}.messageEncoding",
+            f"the local host serves base64 only (got {encoding!r})",
+            hint="dbfanout writes base64 text, which is the binding's default; remove the setting",
+        )
+    return QueueOptions(
+        batch_size=batch,
+        new_batch_threshold=_int(section, "newBatchThreshold", batch // 2, 0, "queues"),
+        max_polling_interval_seconds=max(
+            0.1, parse_timespan(str(section.get("maxPollingInterval", "00:01:00")), f"{key}.maxPollingInterval")
+        ),
+        visibility_timeout_seconds=parse_timespan(
+            str(section.get("visibilityTimeout", "00:00:00")), f"{key}.visibilityTimeout"
+        ),
+        max_dequeue_count=_int(section, "maxDequeueCount", 5, 1, "queues"),
+        message_encoding=encoding,
+    )
+
+
 def _log_level(doc: dict[str, Any]) -> int:
     levels = doc.get("logging", {}).get("logLevel", {})
     raw = levels.get("Function", levels.get("default", "Information"))
@@ -98,7 +147,11 @@ def load_host_json(app_root: Path) -> HostJson:
         raise ConfigError(str(path), f"cannot read host.json: {exc}") from exc
     if not isinstance(doc, dict):
         raise ConfigError(str(path), "host.json must hold a JSON object")
-    section = doc.get("extensions", {}).get("serviceBus", {})
+    extensions = doc.get("extensions", {})
+    section = extensions.get("serviceBus", {})
     if not isinstance(section, dict):
         raise ConfigError("host.json extensions.serviceBus", "must be an object")
-    return HostJson(service_bus=_service_bus(section), log_level=_log_level(doc))
+    queues = extensions.get("queues", {})
+    if not isinstance(queues, dict):
+        raise ConfigError("host.json extensions.queues", "must be an object")
+    return HostJson(service_bus=_service_bus(section), log_level=_log_level(doc), queues=_queues(queues))

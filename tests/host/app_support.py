@@ -92,6 +92,8 @@ class AppDir:
         host_json: dict[str, Any] | None = None,
         source_url: str | None = None,
         target_url: str | None = None,
+        transport: str = "servicebus",
+        queues_json: dict[str, Any] | None = None,
     ) -> AppDir:
         root.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "function_app.py", root / "function_app.py")
@@ -99,6 +101,8 @@ class AppDir:
         doc = json.loads((REPO / "host.json").read_text())
         if host_json:
             doc["extensions"]["serviceBus"].update(host_json)
+        if queues_json:
+            doc["extensions"].setdefault("queues", {}).update(queues_json)
         (root / "host.json").write_text(json.dumps(doc, indent=2))
         settings = {
             "AzureWebJobsStorage": storage,
@@ -129,6 +133,7 @@ lease_ttl_seconds = 10
 settle_seconds = 0
 soft_delete_column = "deleted_at"
 handler = "handlers.example:handle"
+transport = "{transport}"
 """
         )
         if target_url is None:
