@@ -1,4 +1,8 @@
-"""``dbfanout dlq peek|export|replay|purge QUEUE``: the poison quarantine, inspected and emptied safely."""
+"""``dbfanout dlq peek|export|replay|purge QUEUE``: the poison quarantine, inspected and emptied safely.
+
+QUEUE is a Service Bus queue (its ``$DeadLetterQueue``) or, for a poller with
+``transport = "storage-queue"``, its queue or ``<queue>-poison`` (see :mod:`dbfanout.ops.poison`).
+"""
 
 from __future__ import annotations
 
@@ -26,11 +30,27 @@ from dbfanout.commands.common import (
     reporting_errors,
 )
 from dbfanout.ops import dlq as ops
-from dbfanout.ops.bus import bus_client
+from dbfanout.ops import poison as poison_ops
+from dbfanout.ops.bus import MessageView, bus_client
 from dbfanout.ops.replay import ReplayReport, Selection, replay
 from dbfanout.ops.timeparse import parse_duration, parse_since
 
-QueueArg = Annotated[str, typer.Argument(help="The queue whose dead-letter queue to use (QUEUE/$DeadLetterQueue)")]
+QueueArg = Annotated[
+    str,
+    typer.Argument(
+        help="The queue whose dead-letter queue to use (QUEUE/$DeadLetterQueue), or a storage-queue poller's "
+        "queue (its QUEUE-poison queue)"
+    ),
+]
+HoldOption = Annotated[
+    int,
+    typer.Option(
+        "--hold",
+        min=1,
+        hidden=True,
+        help="Storage queues: seconds a received poison message stays hidden while the command works",
+    ),
+]
 ReasonOption = Annotated[str | None, typer.Option("--reason", help="Only messages with this DeadLetterReason")]
 SinceOption = Annotated[
     str | None, typer.Option("--since", help="Only messages enqueued since T (ISO time, or an age: 2h, 7d)")
@@ -66,6 +86,19 @@ def _client(config_path: Path | None) -> Iterator[Any]:
             yield client
 
 
+@contextmanager
+def _poison(config_path: Path | None, queue: str, hold: int) -> Iterator[poison_ops.PoisonQueue | None]:
+    """The storage-queue poison queue when QUEUE belongs to a storage-queue poller; else None (Service Bus)."""
+    with reporting_errors():
+        config = load(config_path)
+        main = poison_ops.storage_queue_of(config, queue)
+        if main is None:
+            yield None
+            return
+        with poison_ops.opened(config, main, hold_seconds=hold) as poison:
+            yield poison
+
+
 def peek_command(
     queue: QueueArg,
     reason: ReasonOption = None,
@@ -74,31 +107,43 @@ def peek_command(
     json_out: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """List dead-lettered messages (nothing is locked or changed)."""
+    """List dead-lettered (or poison-queue) messages (nothing is locked or changed)."""
     selection = Selection(reason=reason, since=_since(since))
+    with _poison(config, queue, poison_ops.DEFAULT_HOLD_SECONDS) as poison:
+        if poison is not None:
+            with reporting_errors():
+                views = poison.peek(selection, limit)
+            _print_peek(views, poison.name, json_out, poison=True)
+            return
     with _client(config) as client, reporting_errors():
         views = ops.peek(client, queue, selection, limit)
+    _print_peek(views, f"{queue}/$DeadLetterQueue", json_out)
+
+
+def _print_peek(views: list[MessageView], title: str, json_out: bool, *, poison: bool = False) -> None:
     if json_out:
         print_json([v.to_json() for v in views])
         return
-    table = Table(title=f"{queue}/$DeadLetterQueue ({len(views)} shown)")
+    table = Table(title=f"{title} ({len(views)} shown)")
     for column in ("seq", "message id", "enqueued", "deliveries", "reason", "description", "poller", "events", "pks"):
         table.add_column(column, overflow="fold")
     for v in views:
         poller, count, pks = v.envelope_summary()
         enqueued = v.enqueued_time.strftime("%Y-%m-%d %H:%M:%S") if v.enqueued_time else "-"
         table.add_row(
-            str(v.sequence_number),
+            "-" if poison else str(v.sequence_number),
             v.message_id,
             enqueued,
             str(v.delivery_count),
-            v.reason or "-",
+            f"{v.reason} (poison queue)" if poison else v.reason or "-",
             (v.description or "-")[:80],
             poller or "-",
             str(count) if count is not None else "-",
             ", ".join(str(pk) for pk in pks) or "-",
         )
     console.print(table)
+    if poison and len(views) >= poison_ops.PEEK_MAX:
+        err_console.print("[dim]storage queues peek at most 32 messages; `dlq export` lists them all[/]")
 
 
 def export_command(
@@ -108,15 +153,23 @@ def export_command(
     since: SinceOption = None,
     json_out: JsonOption = False,
     config: ConfigOption = None,
+    hold: HoldOption = poison_ops.DEFAULT_HOLD_SECONDS,
 ) -> None:
     """Write dead-lettered messages (bodies and properties) to a JSONL file, for audit or repair."""
     selection = Selection(reason=reason, since=_since(since))
-    with _client(config) as client, reporting_errors():
-        count = ops.export(client, queue, out, selection)
+    with _poison(config, queue, hold) as poison:
+        if poison is not None:
+            with reporting_errors():
+                count = poison.export(out, selection)
+            source = poison.name
+    if poison is None:
+        with _client(config) as client, reporting_errors():
+            count = ops.export(client, queue, out, selection)
+        source = f"{queue}/$DeadLetterQueue"
     if json_out:
         print_json({"queue": queue, "out": str(out), "exported": count})
     else:
-        console.print(f"exported {count} message(s) from {queue}/$DeadLetterQueue to {out}")
+        console.print(f"exported {count} message(s) from {source} to {out}")
 
 
 def replay_command(
@@ -131,12 +184,26 @@ def replay_command(
     from_file: Annotated[
         Path | None, typer.Option("--from-file", help="Replay with the bodies of an (edited) dlq export file")
     ] = None,
+    message_id: Annotated[
+        list[str] | None, typer.Option("--id", help="Storage queues: replay this message id (repeatable)")
+    ] = None,
     dry_run: DryRunOption = False,
     yes: YesOption = False,
     json_out: JsonOption = False,
     config: ConfigOption = None,
+    hold: HoldOption = poison_ops.DEFAULT_HOLD_SECONDS,
 ) -> None:
     """Send each selected message again (new message id), then remove it from the DLQ — in that order."""
+    with _poison(config, queue, hold) as poison:
+        if poison is not None:
+            if sequence:
+                fail("--sequence: storage queue messages have no sequence numbers", EXIT_USAGE, "use --id ID")
+            _replay_poison(
+                poison, all_, frozenset(message_id or ()), reason, since, to, from_file, dry_run, yes, json_out
+            )
+            return
+    if message_id:
+        fail("--id is for storage-queue poison queues", EXIT_USAGE, "use --sequence N for a Service Bus DLQ")
     bodies = _read_file(from_file) if from_file else None
     selection = Selection(
         everything=all_ or bodies is not None, sequences=frozenset(sequence or ()), reason=reason, since=_since(since)
@@ -153,6 +220,60 @@ def replay_command(
     with _client(config) as client, reporting_errors(), progress_bar("replaying", enabled=not json_out) as advance:
         report = replay(client, queue, selection, target=to, dry_run=dry_run, bodies=bodies, progress=advance)
     _print_report(report, json_out)
+    if not report.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _replay_poison(
+    poison: poison_ops.PoisonQueue,
+    all_: bool,
+    wanted: frozenset[str],
+    reason: str | None,
+    since: str | None,
+    to: str | None,
+    from_file: Path | None,
+    dry_run: bool,
+    yes: bool,
+    json_out: bool,
+) -> None:
+    """The storage-queue replay: put the copy into the main queue, then delete the poison original."""
+    bodies = None
+    if from_file is not None:
+        try:
+            bodies = poison_ops.read_export_by_id(from_file)
+        except (OSError, ValueError) as exc:
+            fail(f"--from-file: {exc}", EXIT_USAGE, "pass a file written by `dbfanout dlq export`")
+    selection = Selection(everything=all_ or bodies is not None or bool(wanted), reason=reason, since=_since(since))
+    if selection.empty:
+        fail("say which messages to replay", EXIT_USAGE, "use --all, --id ID, --reason R, --since T or --from-file F")
+    target = to or poison.queue
+    if not dry_run:
+        confirm_or_refuse(yes, f"Replay the selected messages of {poison.name} into {target}?")
+    with reporting_errors(), progress_bar("replaying", enabled=not json_out) as advance:
+        report = poison.replay(selection, target=to, ids_=wanted, bodies=bodies, dry_run=dry_run, progress=advance)
+    if json_out:
+        print_json(report.to_json())
+    else:
+        count = len(report.selected) if report.dry_run else len(report.replayed)
+        verb = "would replay" if report.dry_run else "replayed"
+        console.print(
+            f"{verb} {count} of {len(report.selected)} selected message(s) from {report.source} into {target}"
+        )
+        if report.dry_run:
+            console.print("[dim](a dry run peeks: storage queues show at most 32 messages)[/]")
+        for row in report.replayed:  # provenance: storage queue messages carry no properties
+            console.print(
+                f"  {row['original_id']} -> {row['replay_id']}{' (repaired body)' if row['repaired'] else ''}"
+            )
+        for row in report.sent_not_completed:
+            err_console.print(
+                f"[yellow]{row['original_id']}: copy {row['replay_id']} put but the original is still in the poison "
+                f"queue ({row['error']}); a re-run puts another copy (handlers dedupe by event id)[/]"
+            )
+        if report.not_found:
+            err_console.print(f"[yellow]not found in {report.source}: {report.not_found[:20]}[/]")
+        if report.error:
+            err_console.print(f"[bold red]error:[/] {report.error}; the unsent originals are still in the poison queue")
     if not report.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -199,6 +320,7 @@ def purge_command(
     yes: YesOption = False,
     json_out: JsonOption = False,
     config: ConfigOption = None,
+    hold: HoldOption = poison_ops.DEFAULT_HOLD_SECONDS,
 ) -> None:
     """Delete dead-lettered messages for good (export them first if you may need them)."""
     age = None
@@ -210,15 +332,20 @@ def purge_command(
     what = f"older than {older_than}" if older_than else "ALL"
     if not dry_run:
         confirm_or_refuse(yes, f"Delete {what} dead-lettered messages of {queue} for good?", always_refuse=True)
-    purge: Callable[..., dict[str, Any]] = ops.purge
-    with _client(config) as client, reporting_errors(), progress_bar("purging", enabled=not json_out) as advance:
-        result = purge(client, queue, age, dry_run=dry_run, progress=advance)
+    source = f"{queue}/$DeadLetterQueue"
+    with _poison(config, queue, hold) as poison:
+        if poison is not None:
+            source = poison.name
+            with reporting_errors(), progress_bar("purging", enabled=not json_out) as advance:
+                result = poison.purge(age, dry_run=dry_run, progress=advance)
+    if poison is None:
+        purge: Callable[..., dict[str, Any]] = ops.purge
+        with _client(config) as client, reporting_errors(), progress_bar("purging", enabled=not json_out) as advance:
+            result = purge(client, queue, age, dry_run=dry_run, progress=advance)
     if json_out:
         print_json(result)
     else:
         verb = "would purge" if dry_run else "purged"
-        console.print(
-            f"{verb} {result['selected'] if dry_run else result['purged']} message(s) from {queue}/$DeadLetterQueue"
-        )
+        console.print(f"{verb} {result['selected'] if dry_run else result['purged']} message(s) from {source}")
     if result.get("not_found"):
         raise typer.Exit(EXIT_CHECK_FAILED)
