@@ -107,7 +107,8 @@ class StorageQueueRunner:
         self.spec = spec
         self.queue = resolve_setting(str(spec.trigger.get("queueName", "")), settings, f"{spec.name}.queueName")
         self.connection_name = str(spec.trigger.get("connection") or DEFAULT_CONNECTION)
-        self._connection = queue_connection(settings, self.connection_name)
+        # Built here (no I/O yet) so a connection without a queue endpoint fails the start, not a thread.
+        self._service = queue_service_client(queue_connection(settings, self.connection_name))
         self.options = options
         self._lease = lease_seconds
         self._stop = threading.Event()
@@ -142,7 +143,7 @@ class StorageQueueRunner:
 
     # ---- the poll loop -----------------------------------------------------------------------
     def _run(self) -> None:
-        service = queue_service_client(self._connection)
+        service = self._service
         client = service.get_queue_client(self.queue)
         poison = service.get_queue_client(poison_queue_name(self.queue))
         try:

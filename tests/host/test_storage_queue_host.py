@@ -7,6 +7,7 @@ real ``function_app.py`` runs in a ``dbfanout run`` subprocess for the end-to-en
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -122,6 +123,33 @@ def test_a_message_failing_max_dequeue_count_times_moves_to_the_poison_queue(
     texts = sorted(str(m.content) for m in poison.peek_messages(max_messages=32))
     assert "%% not base64 %%" in texts
     assert sorted(decode_queue_text(t) for t in texts if not t.startswith("%")) == [b"poison me", b"worn"]
+
+
+def test_a_long_call_keeps_its_message_hidden_and_gets_it_once(
+    azurite: Azurite, queues: tuple[QueueClient, QueueClient]
+) -> None:
+    # Given a function that works longer than the message's 2 s lease
+    main, _ = queues
+    calls: list[int] = []
+
+    def work(msg: func.QueueMessage) -> None:
+        calls.append(msg.dequeue_count)
+        time.sleep(5)  # the work itself: the runner must renew the visibility meanwhile
+
+    main.send_message(encode_queue_text(b"slow"))
+    trigger = {"type": "queueTrigger", "name": "msg", "queueName": main.queue_name, "connection": CONNECTION}
+    spec = FunctionSpec("work_slow", trigger, work)
+    runner = StorageQueueRunner(spec, {CONNECTION: azurite.connection_string}, FAST, lease_seconds=2)
+    # When the runner serves the queue
+    runner.start()
+    try:
+        wait_for(lambda: runner.deleted == 1, 30, "the slow message to be deleted")
+    finally:
+        runner.stop(5)
+        assert runner.join(10)
+    # Then it was called once (renewals kept the message hidden) and the delete used the renewed receipt
+    assert calls == [1]
+    assert _count(main) == 0
 
 
 def test_host_json_queues_defaults_and_our_choices(tmp_path: Path) -> None:
