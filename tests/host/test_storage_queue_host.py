@@ -130,7 +130,7 @@ def test_a_long_call_keeps_its_message_hidden_and_gets_it_once(
 ) -> None:
     # Given a function that works longer than the message's 2 s lease
     main, _ = queues
-    calls: list[int] = []
+    calls: list[int | None] = []
 
     def work(msg: func.QueueMessage) -> None:
         calls.append(msg.dequeue_count)
