@@ -191,6 +191,7 @@ class PoisonQueue:
             report.error = "refusing to replay a poison queue into itself"
             return report
         wanted = ids_ | frozenset(bodies or ())
+        started = dt.datetime.now(dt.UTC)
         if dry_run:
             report.selected = [v.message_id for v in self.peek(selection, None, wanted)]
             return report
@@ -198,7 +199,7 @@ class PoisonQueue:
         try:
 
             def act(message: QueueMessage, view: MessageView) -> bool:
-                if not _matches(selection, wanted, view):
+                if _arrived_since(view, started) or not _matches(selection, wanted, view):
                     return True
                 report.selected.append(view.message_id)
                 kept = self._replay_one(sender, message, view, report, (bodies or {}).get(view.message_id))
@@ -264,8 +265,10 @@ class PoisonQueue:
             return result
         failed: list[str] = []
 
+        started = now()
+
         def act(message: QueueMessage, view: MessageView) -> bool:
-            if not old(view):
+            if _arrived_since(view, started) or not old(view):
                 return True
             result["selected"] += 1
             try:
@@ -311,6 +314,16 @@ class PoisonQueue:
                         kept.append(message)
         finally:
             _release(self.client, kept)
+
+
+def _arrived_since(view: MessageView, started: dt.datetime) -> bool:
+    """Poisoned during this run (e.g. a replayed copy that failed again): not part of the selection.
+
+    The Service Bus path fixes its selection with a peek; a storage queue cannot be peeked past
+    32 messages, so the insertion time draws the line. A copy needs ``maxDequeueCount`` failed
+    attempts to come back, far longer than any clock skew between here and the service.
+    """
+    return view.enqueued_time is not None and view.enqueued_time >= started
 
 
 def _matches(selection: Selection, wanted: frozenset[str], view: MessageView) -> bool:
