@@ -139,7 +139,7 @@ BROKEN: dict[str, tuple[str, str, str, set[tuple[str, str]], str]] = {
         "// checkov:skip=CKV_AZURE_206: dbfanout state",
         "// checkov:skip=CKV_AZURE_206\n// dbfanout state",
         {("suppression", "CKV_AZURE_206")},
-        "storage.bicep:30",
+        "storage.bicep:33",
     ),
     "syntax_checkov_cannot_read": (
         "main.bicep",
