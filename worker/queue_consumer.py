@@ -50,7 +50,9 @@ def settle_queue_message(
     except Exception as exc:  # any failure: retry, then the poison queue
         attempts = int(msg.dequeue_count or 1)
         if attempts >= max_dequeue_count:
-            poison.send_message(msg.content)  # 1. the poison copy is durable
+            # 1. the poison copy is durable, and never expires (the default TTL is 7 days): a
+            #    quarantine that silently empties itself would lose data
+            poison.send_message(msg.content, time_to_live=-1)
             _quietly(lambda: queue.delete_message(msg), "delete", msg)  # 2. only then drop the original
             log.warning(
                 "message moved to the poison queue",

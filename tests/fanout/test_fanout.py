@@ -93,6 +93,9 @@ def test_one_poison_row_in_100_reaches_the_dead_letters_alone(transport: Transpo
     assert len(handled) == len(set(handled)) == 99  # each good row handled exactly once
     ((body, reason),) = transport.dead()
     assert [e.pk["id"] for e in decode_batch(body).events] == [42]
+    if isinstance(transport, StorageQueueTransport):  # a quarantine never expires
+        (poisoned,) = transport.poison.peek_messages(max_messages=1)
+        assert poisoned.expires_on is None or poisoned.expires_on.year >= 9999
     assert reason in ("MaxDeliveryCountExceeded", "MaxDequeueCountExceeded")
 
 
