@@ -75,15 +75,32 @@ def _server_cpu() -> float:
 def external_emulator() -> Iterator[str]:
     """The emulator as a child process; yields its connection string."""
     global _SERVER_PID
-    config = {"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": [
-        {"Name": "bench", "Properties": {"MaxSizeInMegabytes": 512}}]}]}}
+    config = {
+        "UserConfig": {
+            "Namespaces": [
+                {"Name": "sbemulatorns", "Queues": [{"Name": "bench", "Properties": {"MaxSizeInMegabytes": 512}}]}
+            ]
+        }
+    }
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "Config.json"
         path.write_text(json.dumps(config))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sbemulator", "servicebus", "--config", str(path), "--port", "0",
-             "--http-port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "sbemulator",
+                "servicebus",
+                "--config",
+                str(path),
+                "--port",
+                "0",
+                "--http-port",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         try:
             assert proc.stdout is not None
