@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import datetime as dt
 import queue
-import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
@@ -25,6 +23,7 @@ from dbfanout.host.app_loader import FunctionSpec
 from dbfanout.host.hostjson import ServiceBusOptions
 from dbfanout.host.invoke import invoke
 from dbfanout.host.messages import to_functions_message
+from dbfanout.host.runner import TriggerRunner
 from dbfanout.host.schedule import resolve_setting
 from shared.errors import ConfigError
 from shared.logs import get_logger, ids
@@ -45,7 +44,7 @@ class _Invocation:
     renew: bool = True
 
 
-class QueueRunner:
+class QueueRunner(TriggerRunner[_Invocation]):
     """Feeds one queue-triggered function until stopped."""
 
     def __init__(
@@ -57,7 +56,7 @@ class QueueRunner:
         idle_wait: float = 1.0,
         busy_wait: float = 0.1,
     ) -> None:
-        self.spec = spec
+        super().__init__(spec, options.max_concurrent_calls)
         trigger = spec.trigger
         self.queue = resolve_setting(str(trigger.get("queueName", "")), settings, f"{spec.name}.queueName")
         if trigger.get("isSessionsEnabled"):
@@ -72,35 +71,8 @@ class QueueRunner:
         self.options = options
         self._idle_wait = idle_wait
         self._busy_wait = busy_wait
-        self._stop = threading.Event()
-        self._done: queue.Queue[_Invocation] = queue.Queue()
-        self._inflight: set[_Invocation] = set()
-        self._pool = ThreadPoolExecutor(options.max_concurrent_calls, thread_name_prefix=f"fn:{spec.name}")
-        self._thread: threading.Thread | None = None
-        self._grace = 30.0
         self.completed = 0
         self.abandoned = 0
-
-    # ---- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"queue:{self.spec.name}", daemon=True)
-        self._thread.start()
-
-    def stop(self, grace: float = 30.0) -> None:
-        """Stop receiving; in-flight calls get ``grace`` seconds to finish and be settled."""
-        self._grace = grace
-        self._stop.set()
-
-    @property
-    def running(self) -> int:
-        """Calls not settled yet (after a stop: those that outlived the grace period)."""
-        return len(self._inflight)
-
-    def join(self, timeout: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            return not self._thread.is_alive()
-        return True
 
     def _run(self) -> None:
         client = servicebus_client(self._connection)

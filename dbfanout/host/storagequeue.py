@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ from azure.storage.queue import QueueClient, QueueMessage
 from dbfanout.host.app_loader import FunctionSpec
 from dbfanout.host.hostjson import QueueOptions
 from dbfanout.host.invoke import invoke
+from dbfanout.host.runner import TriggerRunner
 from dbfanout.host.schedule import resolve_setting
 from shared.logs import get_logger, ids
 from shared.settings import Settings, StorageConnection, storage_connection
@@ -93,7 +93,7 @@ class _Invocation:
     renew_failed: bool = False
 
 
-class StorageQueueRunner:
+class StorageQueueRunner(TriggerRunner[_Invocation]):
     """Feeds one queue-triggered function until stopped."""
 
     def __init__(
@@ -104,42 +104,15 @@ class StorageQueueRunner:
         *,
         lease_seconds: int = LEASE_SECONDS,
     ) -> None:
-        self.spec = spec
+        super().__init__(spec, options.max_concurrent_calls)
         self.queue = resolve_setting(str(spec.trigger.get("queueName", "")), settings, f"{spec.name}.queueName")
         self.connection_name = str(spec.trigger.get("connection") or DEFAULT_CONNECTION)
         # Built here (no I/O yet) so a connection without a queue endpoint fails the start, not a thread.
         self._service = queue_service_client(queue_connection(settings, self.connection_name))
         self.options = options
         self._lease = lease_seconds
-        self._stop = threading.Event()
-        self._done: queue.Queue[_Invocation] = queue.Queue()
-        self._inflight: set[_Invocation] = set()
-        self._pool = ThreadPoolExecutor(options.max_concurrent_calls, thread_name_prefix=f"fn:{spec.name}")
-        self._thread: threading.Thread | None = None
-        self._grace = 30.0
         self.deleted = 0
         self.failed = 0
-
-    # ---- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"queue:{self.spec.name}", daemon=True)
-        self._thread.start()
-
-    def stop(self, grace: float = 30.0) -> None:
-        """Stop fetching; in-flight calls get ``grace`` seconds to finish and be settled."""
-        self._grace = grace
-        self._stop.set()
-
-    @property
-    def running(self) -> int:
-        """Calls not settled yet (after a stop: those that outlived the grace period)."""
-        return len(self._inflight)
-
-    def join(self, timeout: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            return not self._thread.is_alive()
-        return True
 
     # ---- the poll loop -----------------------------------------------------------------------
     def _run(self) -> None:
