@@ -22,7 +22,6 @@ import base64
 import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from azure.core.exceptions import AzureError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
 from dbfanout.ops.bus import MessageView
-from dbfanout.ops.replay import Progress, Selection
+from dbfanout.ops.replay import Progress, ReplayReport, Selection
 from shared.codec import dumps, loads
 from shared.config import Config
 from shared.errors import SerializationError
@@ -47,7 +46,6 @@ from shared.storagequeue import (
 __all__ = [
     "POISON_REASON",
     "PoisonQueue",
-    "PoisonReplayReport",
     "read_export_by_id",
     "storage_queue_of",
 ]
@@ -96,37 +94,6 @@ def export_line(view: MessageView, queue: str) -> dict[str, Any]:
     doc = view.to_json()
     doc.update(sequence_number=None, transport="storage-queue", queue=queue)
     return doc
-
-
-@dataclass
-class PoisonReplayReport:
-    """What a replay did; the JSON keys match the Service Bus report's."""
-
-    source: str
-    target: str
-    selected: list[str] = field(default_factory=list)
-    replayed: list[dict[str, Any]] = field(default_factory=list)
-    sent_not_completed: list[dict[str, Any]] = field(default_factory=list)
-    not_found: list[str] = field(default_factory=list)
-    error: str | None = None
-    dry_run: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and not self.sent_not_completed and not self.not_found
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "target": self.target,
-            "dry_run": self.dry_run,
-            "selected": len(self.selected),
-            "replayed": len(self.replayed),
-            "sent_not_completed": self.sent_not_completed,
-            "not_found": self.not_found,
-            "error": self.error,
-            "messages": self.replayed,
-        }
 
 
 class PoisonQueue:
@@ -183,10 +150,10 @@ class PoisonQueue:
         bodies: Mapping[str, bytes] | None = None,
         dry_run: bool = False,
         progress: Progress | None = None,
-    ) -> PoisonReplayReport:
+    ) -> ReplayReport:
         """Put a copy of each selected message into ``target`` (default: the main queue), then delete it here."""
         target = target or self.queue
-        report = PoisonReplayReport(self.name, target, dry_run=dry_run)
+        report = ReplayReport(self.name, target, dry_run=dry_run)
         if target == self.name:
             report.error = "refusing to replay a poison queue into itself"
             return report
@@ -218,7 +185,7 @@ class PoisonQueue:
         sender: QueueClient,
         message: QueueMessage,
         view: MessageView,
-        report: PoisonReplayReport,
+        report: ReplayReport,
         body: bytes | None,
     ) -> bool:
         """Copy first, delete after. Returns True when the original is still here."""

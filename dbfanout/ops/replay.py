@@ -90,14 +90,14 @@ class Selection:
 
 @dataclass
 class ReplayReport:
-    """What a replay did; ``lost`` is always empty — the counts prove it to the operator."""
+    """What a replay did, for either transport (ids: sequence numbers, or storage message ids)."""
 
     source: str
     target: str
-    selected: list[int] = field(default_factory=list)
+    selected: list[int | str] = field(default_factory=list)
     replayed: list[dict[str, Any]] = field(default_factory=list)
     sent_not_completed: list[dict[str, Any]] = field(default_factory=list)
-    not_found: list[int] = field(default_factory=list)
+    not_found: list[int | str] = field(default_factory=list)
     error: str | None = None
     dry_run: bool = False
 
