@@ -66,12 +66,10 @@ def test_sink_failure_keeps_the_checkpoint__case_A(table, poller, source, store)
     assert sorted(sink.delivered()) == sorted(table.states())
 
 
-def test_commit_failure_resends_the_same_batch__case_B_W1(table, poller, source, harness: StoreHarness) -> None:
-    if harness.kind != "memory":
-        pytest.skip("the injected commit error needs the fake; Azurite's real outage is in test_state_blob_faults")
+def test_commit_failure_resends_the_same_batch__case_B_W1(table, poller, source) -> None:
+    # The injected commit error needs the fake; Azurite's real outage is in test_state_blob_faults
     clock = FakeClock()
-    store = harness.make(clock)
-    assert isinstance(store, MemoryStateStore)
+    store = MemoryStateStore("orders", clock=clock)
     table.upsert(range(25))
     sink = RecordingSink()
     # Given the second commit fails after its batch was accepted
