@@ -19,7 +19,7 @@ from dbfanout.commands.common import (
     reporting_errors,
 )
 from dbfanout.ops.bus import bus_client
-from dbfanout.ops.status import poller_status, queue_depth
+from dbfanout.ops.status import poller_status, queue_depth, storage_queue_depth
 from shared.codec import dumps
 from shared.config import Config
 
@@ -35,15 +35,22 @@ def collect(config: Config, only: str | None) -> list[dict[str, Any]]:
     now = dt.datetime.now(dt.UTC)
     rows = [poller_status(config, name, now) for name in names]
     depths: dict[str, dict[str, Any]] = {}
+    for row in rows:  # storage-queue pollers: their queue and its poison queue
+        if config.pollers[row["poller"]].transport == "storage-queue":
+            queue = row["queue"]
+            row["queue_depth"] = depths.setdefault(queue, storage_queue_depth(config, queue))
+    bus_rows = [row for row in rows if "queue_depth" not in row]
+    if not bus_rows:
+        return rows
     try:
         with bus_client(config) as client:
-            for row in rows:
+            for row in bus_rows:
                 queue = row["queue"]
                 if queue not in depths:
                     depths[queue] = queue_depth(config, client, queue)
                 row["queue_depth"] = depths[queue]
     except Exception as exc:  # no Service Bus setting, or unreachable: show the rest
-        for row in rows:
+        for row in bus_rows:
             row["queue_depth"] = {"queue": row["queue"], "error": f"{type(exc).__name__}: {exc}"}
     return rows
 

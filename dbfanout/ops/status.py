@@ -21,7 +21,7 @@ from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
 from shared.errors import DbFanoutError
 
-__all__ = ["PENDING_LIMIT", "poller_status", "queue_depth"]
+__all__ = ["PENDING_LIMIT", "poller_status", "queue_depth", "storage_queue_depth"]
 
 PENDING_LIMIT = 1000  # count pending rows up to this many (one bounded keyset read)
 PEEK_COUNT_LIMIT = 1000
@@ -125,3 +125,21 @@ def queue_depth(config: Config, client: ServiceBusClient, queue: str) -> dict[st
     if fallback:
         result["admin_error"] = fallback
     return result
+
+
+def storage_queue_depth(config: Config, queue: str) -> dict[str, Any]:
+    """A storage-queue poller's queue and its poison queue (approximate counts from the service)."""
+    from shared.settings import storage_connection
+    from shared.storagequeue import poison_queue_name, queue_service_client
+
+    try:
+        service = queue_service_client(storage_connection(config.settings, config.app.storage_queue_connection))
+        active = service.get_queue_client(queue).get_queue_properties().approximate_message_count
+        poison = service.get_queue_client(poison_queue_name(queue))
+        try:
+            dead = poison.get_queue_properties().approximate_message_count
+        except Exception:  # no poison queue yet: nothing has been poisoned
+            dead = 0
+    except Exception as exc:
+        return {"queue": queue, "error": _error(exc)}
+    return {"queue": queue, "active": active, "dead_lettered": dead, "how": "approximate counts (poison queue)"}

@@ -256,3 +256,16 @@ def test_replay_killed_at_random_points_never_loses_a_poison_message(ws: PoisonW
 def _ended_or_copied(proc: subprocess.Popen[bytes], main: QueueClient, k: int) -> Callable[[], bool]:
     """The replay ended, or ``k`` copies are in the (drained before each run) main queue."""
     return lambda: proc.poll() is not None or int(main.get_queue_properties().approximate_message_count or 0) >= k
+
+
+def test_status_counts_a_storage_queue_pollers_queue_and_poison_queue(ws: PoisonWorkspace) -> None:
+    # Given two messages poisoned and one more batch waiting in the main queue
+    ws.poison_rows([1, 2, 3, 4])
+    ws.main.send_message(encode_queue_text(b'{"waiting": true}'))
+    # When the operator asks for the status
+    result = ws.run("status", "orders", "--json")
+    # Then the depth comes from the storage queue and its poison queue, not from Service Bus
+    (row,) = json.loads(result.stdout)
+    depth = row["queue_depth"]
+    assert depth["queue"] == ws.queue and depth["how"].startswith("approximate")
+    assert (depth["active"], depth["dead_lettered"]) == (1, 2)
