@@ -161,13 +161,15 @@ def test_cardinality_many_gets_a_list_of_messages(running: Running, client: Serv
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("running", ["PT2S"], indirect=True)
+@pytest.mark.parametrize("running", ["PT4S"], indirect=True)
 def test_locks_are_renewed_while_a_slow_function_runs(
     running: Running, client: ServiceBusClient, servicebus: Emulator
 ) -> None:
-    # Given a 2-second lock and a function that takes 5 seconds
+    # Given a 4-second lock and a function that takes 9 seconds: it needs at least two renewals.
+    # (A 4 s lock renewed at 2 s remaining leaves room for the first renewal, which also opens the
+    # $management link, on a loaded 2-core machine.)
     with client.get_queue_sender(running.queue) as sender:
-        sender.send_messages(ServiceBusMessage(b"slow", message_id="slow-1", application_properties={"sleep": 5.0}))
+        sender.send_messages(ServiceBusMessage(b"slow", message_id="slow-1", application_properties={"sleep": 9.0}))
     # When it runs to the end
     wait_for(lambda: running.FINISHED == ["slow-1"], 30, "the slow call")
     wait_for(lambda: servicebus.queue_stats(running.queue)["messages"] == 0, 10, "the completion")
