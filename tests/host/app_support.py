@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from shared.codec import loads
+from tests.support.ports import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_DDL = (
@@ -33,13 +34,9 @@ SOURCE_DDL = (
 )
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
-    """Poll ``condition`` until it holds; TimeoutError naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> None:
+    """Poll ``condition`` until it holds; TimeoutError naming ``what`` otherwise (host tests poll gently)."""
+    wait_until(condition, timeout, what, interval)
 
 
 def sqlite_engine(path: Path | str) -> sa.Engine:
