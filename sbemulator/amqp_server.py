@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import cproton  # type: ignore[import-untyped]
 from proton import Collector, Condition, Connection, Event, Transport, symbol
@@ -34,12 +35,15 @@ _HANDLED = frozenset(
         Event.SESSION_REMOTE_OPEN,
         Event.LINK_REMOTE_OPEN,
         Event.LINK_FLOW,
-        Event.DELIVERY,
         Event.LINK_REMOTE_CLOSE,
         Event.SESSION_REMOTE_CLOSE,
         Event.CONNECTION_REMOTE_CLOSE,
     )
 )
+# DELIVERY, the per-message event, goes to the handler without any Python wrapper.
+_DELIVERY = Event.DELIVERY.number
+_lib, _ffi = cproton.lib, cproton.ffi
+_EVENT_TYPES: dict[int, Any] = type(Event.DELIVERY).TYPES  # number -> EventType, for log messages
 
 
 @dataclass(eq=False)
@@ -69,6 +73,12 @@ class AmqpServer:
         self._conns: dict[socket.socket, _Conn] = {}
         self._stopping = False
         self._next_transport_tick = 0.0
+        # Reused I/O buffers (the loop is single-threaded): no allocation per read or write.
+        self._recv_buf = bytearray(RECV_CHUNK)
+        self._recv_ptr = _ffi.from_buffer(self._recv_buf)
+        self._send_buf = bytearray(RECV_CHUNK)
+        self._send_ptr = _ffi.from_buffer(self._send_buf)
+        self._send_view = memoryview(self._send_buf)
 
     @property
     def connection_count(self) -> int:
@@ -156,17 +166,20 @@ class AmqpServer:
         log.debug("accepted %s", conn.peer)
 
     def _read(self, conn: _Conn) -> None:
-        t = conn.transport
+        t = conn.transport._impl
         try:
-            capacity = t.capacity()
+            capacity = _lib.pn_transport_capacity(t)
             if capacity < 0:
                 self._close(conn, "transport closed its input")
                 return
-            data = conn.sock.recv(max(1, min(capacity, RECV_CHUNK)))
-            if data:
-                t.push(data)
+            buf = self._recv_buf  # received straight into one reused buffer, handed to proton from there
+            n = conn.sock.recv_into(buf, max(1, min(capacity, RECV_CHUNK)))
+            if n:
+                pushed = _lib.pn_transport_push(t, self._recv_ptr, n)
+                if pushed < 0:
+                    raise OSError(f"proton refused the input ({pushed})")
             else:
-                t.close_tail()
+                conn.transport.close_tail()
         except BlockingIOError:
             return
         except Exception as exc:  # a reset socket, or bytes proton refuses
@@ -179,16 +192,18 @@ class AmqpServer:
         collector = conn.collector
         impl = collector._impl
         budget = MAX_EVENTS_PER_PASS  # one chatty connection must not starve the loop (and the others)
-        while budget and (raw := cproton.pn_collector_peek(impl)):  # a NULL cdata pointer is falsy
+        handler, lib = self._handler, _lib
+        while budget and (raw := lib.pn_collector_peek(impl)):  # a NULL cdata pointer is falsy
             budget -= 1
-            if cproton.pn_event_type(raw) not in _HANDLED:
-                collector.pop()
-                continue
-            event = Event.wrap(raw)  # type: ignore[no-untyped-call]
+            etype = lib.pn_event_type(raw)
             try:
-                self._handler.on_event(event)
+                if etype == _DELIVERY:
+                    handler.on_delivery(lib.pn_event_delivery(raw))
+                elif etype in _HANDLED:
+                    handler.on_event(Event.wrap(raw))  # type: ignore[no-untyped-call]
             except Exception:
-                log.exception("handler failed on %s for %s; closing that connection", event.type, conn.peer)
+                name = _EVENT_TYPES.get(etype, etype)
+                log.exception("handler failed on %s for %s; closing that connection", name, conn.peer)
                 try:
                     conn.connection.condition = Condition(
                         "amqp:internal-error", "emulator handler error", {symbol("reason"): "handler"}
@@ -197,7 +212,7 @@ class AmqpServer:
                 except Exception:
                     self._close(conn, "handler error")
                     return
-            collector.pop()
+            lib.pn_collector_pop(impl)
         if conn.transport.closed:
             self._flush(conn)
             self._close(conn, "transport closed")
@@ -205,19 +220,25 @@ class AmqpServer:
     def _flush(self, conn: _Conn) -> None:
         if conn.sock not in self._conns:
             return
-        t = conn.transport
+        t, lib = conn.transport._impl, _lib
         try:
-            pending = t.pending()
+            pending = lib.pn_transport_pending(t)
             while pending > 0:
-                chunk = t.peek(pending)
-                if not chunk:  # nothing to hand out despite pending > 0: never spin on it
+                if pending > len(self._send_buf):
+                    self._grow_send_buf(pending)
+                size = lib.pn_transport_peek(t, self._send_ptr, pending)
+                if size < -1:
+                    raise OSError(f"proton output error ({size})")
+                if size <= 0:  # nothing to hand out despite pending > 0: never spin on it
                     break
-                sent = conn.sock.send(chunk)
+                sent = conn.sock.send(self._send_view[:size])
                 if sent <= 0:
                     break
-                t.pop(sent)
-                pending = t.pending()
-            if pending < 0 and t.capacity() < 0:
+                lib.pn_transport_pop(t, sent)
+                pending = lib.pn_transport_pending(t)
+            if pending < -1:  # PN_EOS (-1) means finished; anything lower is an error
+                raise OSError(f"proton output error ({pending})")
+            if pending < 0 and lib.pn_transport_capacity(t) < 0:
                 self._close(conn, "transport finished")
                 return
         except BlockingIOError:
@@ -230,6 +251,11 @@ class AmqpServer:
             conn.write_wanted = want
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
             self._selector.modify(conn.sock, events, None)
+
+    def _grow_send_buf(self, size: int) -> None:
+        self._send_buf = bytearray(max(size, 2 * len(self._send_buf)))
+        self._send_ptr = _ffi.from_buffer(self._send_buf)
+        self._send_view = memoryview(self._send_buf)
 
     def _close(self, conn: _Conn, why: str) -> None:
         if self._conns.pop(conn.sock, None) is None:

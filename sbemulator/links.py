@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import cproton  # type: ignore[import-untyped]
 from proton import Condition, Delivery, Disposition, Event, Link, Message, Terminus, symbol, ulong
 
 from sbemulator.broker import Broker, EntityPath
@@ -33,6 +34,14 @@ INCOMING_CREDIT = 1000
 DEFAULT_SESSION_WAIT = 60.0
 TICK_INTERVAL = 0.05
 _DOTNET_EPOCH_TICKS = 621355968000000000
+
+# The receive/settle hot path talks to proton's C API directly: every Python wrapper proton
+# builds (Event, Delivery, Link, Disposition, their attribute records) costs microseconds, and the
+# SDK waits for each settlement echo, so that cost is on the critical path of every message.
+_lib, _ffi = cproton.lib, cproton.ffi
+_ACCEPTED = int(Disposition.ACCEPTED)
+_record_get_py = cproton.pn_record_get_py
+_UUID = uuid.UUID
 
 
 @dataclass(eq=False)
@@ -113,6 +122,44 @@ class LinkHandler:
             event.session.close()  # type: ignore[union-attr]
         elif etype == Event.CONNECTION_REMOTE_CLOSE:
             event.connection.close()  # type: ignore[union-attr]
+
+    def on_delivery(self, dlv: Any) -> None:
+        """Handle a DELIVERY event given proton's raw ``pn_delivery_t`` (no Python wrappers).
+
+        The common case, a client completing a message, is served entirely through the C API;
+        everything else is handed to the wrapper-based code.
+        """
+        link = _lib.pn_delivery_link(dlv)
+        if not _lib.pn_link_is_sender(link):
+            self._incoming(Link.wrap(link), Delivery.wrap(dlv))  # type: ignore[no-untyped-call]
+        elif not self._complete_fast(link, dlv):
+            self._settle(Link.wrap(link), Delivery.wrap(dlv))  # type: ignore[no-untyped-call]
+
+    def _complete_fast(self, link: Any, dlv: Any) -> bool:
+        """Settle an `accepted` disposition on a peek-lock receiver; False when it is not one."""
+        if _lib.pn_delivery_remote_state(dlv) != _ACCEPTED:
+            return False
+        attrs = _record_get_py(_lib.pn_link_attachments(link))
+        consumer = attrs.get("sb_role") if attrs else None
+        if not isinstance(consumer, Consumer) or consumer.delete:
+            return False
+        token = _tag_token(dlv)
+        if token is None:
+            return False
+        queue, now = consumer.queue, self.broker.clock()
+        try:
+            if consumer.session_id is not None:
+                queue.sessions.check(consumer.session_id, consumer, now)
+            queue.complete(token, now)
+        except BrokerError as exc:
+            wrapped: Any = Delivery.wrap(dlv)  # type: ignore[no-untyped-call]
+            wrapped.local.condition = _condition(exc)
+            wrapped.update(Delivery.REJECTED)
+            wrapped.settle()
+            return True
+        _lib.pn_delivery_update(dlv, _ACCEPTED)
+        _lib.pn_delivery_settle(dlv)
+        return True
 
     def link_gone(self, link: Link) -> None:
         """Forget a link (detached, or its connection vanished). Message locks stay until expiry."""
@@ -311,29 +358,32 @@ class LinkHandler:
 
     # ---- deliveries out --------------------------------------------------------------------
     def _pump(self, consumer: Consumer) -> None:
-        link, queue = consumer.link, consumer.queue
+        link, queue = consumer.link._impl, consumer.queue
+        lib, delete = _lib, consumer.delete
         now = self.broker.clock()
-        while link.credit > 0:
-            d = queue.lock_next(consumer.session_key, now, delete=consumer.delete)
+        while lib.pn_link_credit(link) > 0:
+            d = queue.lock_next(consumer.session_key, now, delete=delete)
             if d is None:
                 consumer.seen_version = queue.version
                 break
             token = d.lock_token
-            # The SDK reads the lock token as uuid.UUID(bytes_le=delivery_tag).
-            dlv = link.delivery((token or uuid.uuid4()).bytes_le)  # type: ignore[arg-type]
-            link.send(render(d.message, d.locked_until if token else None))
-            link.advance()
+            # The SDK reads the lock token as uuid.UUID(bytes_le=delivery_tag); settlement reads
+            # the token back from the tag.
+            dlv = cproton.pn_delivery(link, (token or uuid.uuid4()).bytes_le)
+            data = render(d.message, d.locked_until if token else None)
+            sent = lib.pn_link_send(link, _ffi.from_buffer(data), len(data))
+            if sent < 0:
+                raise RuntimeError(f"proton refused a transfer ({sent})")
+            lib.pn_link_advance(link)
             if token is None:
-                dlv.settle()
-            else:
-                dlv.sb_token = token  # proton decodes tags as UTF-8 text, so keep the token aside
-        if link.drain_mode and link.credit > 0:
-            link.drained()
+                lib.pn_delivery_settle(dlv)
+        if lib.pn_link_get_drain(link) and lib.pn_link_credit(link) > 0:
+            lib.pn_link_drained(link)
 
     def _settle(self, link: Link, dlv: Delivery) -> None:
         consumer = _role(link)
         state = dlv.remote_state
-        if not state and not dlv.remote_settled:
+        if not state and not dlv.settled:  # `settled` is the remote peer's settlement
             return
         if not isinstance(consumer, Consumer) or consumer.delete or not state:
             dlv.settle()
@@ -352,7 +402,7 @@ class LinkHandler:
 
     def _apply_outcome(self, consumer: Consumer, dlv: Delivery, state: int) -> None:
         queue, now = consumer.queue, self.broker.clock()
-        token = getattr(dlv, "sb_token", None)
+        token = _tag_token(dlv._impl)
         if token is None:
             raise InvalidOperationError("unknown delivery")
         if consumer.session_id is not None:
@@ -372,6 +422,14 @@ class LinkHandler:
         elif state == Disposition.REJECTED:
             info = _info(dlv.remote.condition)
             queue.dead_letter(token, info.get("DeadLetterReason"), info.get("DeadLetterErrorDescription"), now)
+
+
+def _tag_token(dlv: Any) -> uuid.UUID | None:
+    """The lock token a delivery tag carries (proton's Delivery.tag would decode it as UTF-8)."""
+    tag = _lib.pn_delivery_tag(dlv)
+    if tag.size != 16:
+        return None
+    return _UUID(bytes_le=_ffi.unpack(tag.start, 16))
 
 
 def _filters(link: Link) -> dict[Any, Any]:
