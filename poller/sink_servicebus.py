@@ -10,11 +10,11 @@ from dataclasses import replace
 
 from poller.sink_queue import ClaimCheckHook, QueueSink
 from shared.config import PollerConfig
-from shared.messages import OutgoingMessage, pack_batch
-from shared.models import Batch, RowChange
+from shared.messages import OutgoingMessage, pack_batch, session_key
+from shared.models import Batch
 from shared.servicebus import QueueSender
 
-__all__ = ["ServiceBusSink", "session_key"]
+__all__ = ["ServiceBusSink"]
 
 
 class ServiceBusSink(QueueSink):
@@ -29,11 +29,6 @@ class ServiceBusSink(QueueSink):
         # Per-key ordering: each message carries one event and the session of its primary key.
         by_id = {e.event_id: e for e in batch.events}
         return [
-            replace(m, session_id=session_key(self._poller, by_id[m.event_ids[0]]))
+            replace(m, session_id=session_key(self._poller.pk, by_id[m.event_ids[0]]))
             for m in pack_batch(batch, self._limit, oversize=self._claim_check, max_events=1)
         ]
-
-
-def session_key(poller: PollerConfig, event: RowChange) -> str:
-    """Session id for per-key ordering: the primary key values (Service Bus allows 128 chars)."""
-    return "|".join(f"{k}={event.pk.get(k)}" for k in poller.pk)[:128]

@@ -22,6 +22,7 @@ __all__ = [
     "PROP_SCHEMA",
     "OutgoingMessage",
     "pack_batch",
+    "session_key",
 ]
 
 CONTENT_TYPE = "application/json"
@@ -117,6 +118,11 @@ def pack_batch(
     if events:
         messages.append(_message(batch, head, encoded, events))
     return messages
+
+
+def session_key(pk_columns: tuple[str, ...], event: RowChange) -> str:
+    """Session id for per-key ordering: the primary key values (Service Bus allows 128 chars)."""
+    return "|".join(f"{k}={event.pk.get(k)}" for k in pk_columns)[:128]
 
 
 def application_properties_of(message: OutgoingMessage, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

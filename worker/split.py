@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from shared.config import Config
 from shared.ids import split_message_id
-from shared.messages import OutgoingMessage, pack_batch
+from shared.messages import OutgoingMessage, pack_batch, session_key
 from shared.models import Batch
 
 __all__ = ["PROP_SPLIT_FROM", "Splitter"]
@@ -27,7 +27,8 @@ class Splitter:
         self._send_all = send_all
 
     def singles(self, batch: Batch, parent_message_id: str) -> list[OutgoingMessage]:
-        limit = self._config.pollers[batch.poller].max_message_bytes
+        poller = self._config.pollers[batch.poller]
+        limit = poller.max_message_bytes
         singles: list[OutgoingMessage] = []
         for event in batch.events:
             (message,) = pack_batch(replace(batch, events=(event,)), limit, oversize=lambda e, _n: e)
@@ -35,6 +36,8 @@ class Splitter:
                 replace(
                     message,
                     message_id=split_message_id(event.event_id),
+                    # a session-enabled queue refuses a message without one; keep the key's order
+                    session_id=session_key(poller.pk, event) if poller.sessions else None,
                     application_properties={**message.application_properties, PROP_SPLIT_FROM: parent_message_id},
                 )
             )
