@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 
 from sbemulator.codec import (
@@ -13,6 +14,7 @@ from sbemulator.codec import (
     PROPERTIES,
     CodecError,
     Section,
+    _descriptor_code,
     compound_items,
     decode_value,
     enc_compound,
@@ -105,11 +107,91 @@ def _id_text(value: object) -> str | None:
     return str(value)
 
 
+# Pre-encoded pieces of what render() stamps on every delivery (see _render_common).
+_K_SEQ = enc_symbol("x-opt-sequence-number") + b"\x81"
+_K_ENQUEUED = enc_symbol("x-opt-enqueued-time") + b"\x83"
+_K_STATE = enc_symbol("x-opt-message-state") + b"\x71"
+_K_LOCKED = enc_symbol("x-opt-locked-until") + b"\x83"
+_ANNOTATIONS_MAP32 = bytes((0x00, 0x53, MESSAGE_ANN, 0xD1))
+_HEADER_NO_FIELDS = enc_section(HEADER, enc_compound(0xD0, b"\x40" * 4 + enc_uint(0), 5))[:-4]
+_pack_q, _pack_i, _pack_u = struct.Struct(">q").pack, struct.Struct(">i").pack, struct.Struct(">I").pack
+_pack_size_count = struct.Struct(">II").pack
+
+
 def render(msg: StoredMessage, locked_until: float | None) -> bytes:
     """The message as delivered: client sections plus broker header and annotations."""
+    if (
+        msg.dead_letter_source
+        or msg.scheduled_at is not None
+        or msg.dead_letter_reason is not None
+        or msg.dead_letter_description is not None
+    ):
+        return _render_general(msg, locked_until)
+    return _render_common(msg, locked_until)
+
+
+def _render_common(msg: StoredMessage, locked_until: float | None) -> bytes:
+    """render() for a message that is not dead-lettered or scheduled: one pass over the
+    sections, stamps encoded from constants. Byte for byte what _render_general produces."""
     payload = msg.payload
-    sections = split_sections(payload)
-    header = next((s for s in sections if s.code == HEADER), None)
+    header, annotations, others = _scan(payload)
+    if header is None:
+        head = _HEADER_NO_FIELDS + _pack_u(msg.delivery_count)
+    else:
+        head = _header(payload, header, msg.delivery_count)
+    if annotations is None or not compound_items(payload, annotations.value_start)[0]:
+        stamps = [
+            _K_SEQ,
+            _pack_q(msg.seq),
+            _K_ENQUEUED,
+            _pack_q(round(msg.enqueued_at * 1000)),
+            _K_STATE,
+            _pack_i(int(msg.state)),
+        ]
+        if locked_until is not None:
+            stamps += (_K_LOCKED, _pack_q(round(locked_until * 1000)))
+        items = b"".join(stamps)
+        ann = b"".join((_ANNOTATIONS_MAP32, _pack_size_count(len(items) + 4, len(stamps)), items))
+    else:
+        ann = _merged_map(MESSAGE_ANN, payload, annotations, _stamps(msg, locked_until), enc_symbol)
+    return b"".join((head, ann, *others))
+
+
+def _scan(payload: bytes) -> tuple[Section | None, Section | None, list[bytes]]:
+    """The header and message annotations sections, and the bytes of the sections delivered
+    unchanged (delivery annotations are dropped), merged into one slice when contiguous."""
+    header = annotations = None
+    start = end = -1  # the run of unchanged sections being collected
+    others: list[bytes] = []
+    pos, n = 0, len(payload)
+    try:
+        while pos < n:
+            if payload[pos] != 0x00:
+                raise CodecError("message section is not a described type")
+            if payload[pos + 1] == 0x53:  # smallulong descriptor: the common encoding
+                code, value = payload[pos + 2], pos + 3
+            else:
+                code, value = _descriptor_code(payload, pos + 1), skip_value(payload, pos + 1)
+            section_end = skip_value(payload, value)
+            if code == HEADER:
+                header = Section(code, pos, value, section_end)
+            elif code == MESSAGE_ANN:
+                annotations = Section(code, pos, value, section_end)
+            elif code != DELIVERY_ANN:
+                if pos != end:
+                    if start >= 0:
+                        others.append(payload[start:end])
+                    start = pos
+                end = section_end
+            pos = section_end
+    except IndexError as exc:
+        raise CodecError("truncated AMQP message") from exc
+    if start >= 0:
+        others.append(payload[start:end])
+    return header, annotations, others
+
+
+def _stamps(msg: StoredMessage, locked_until: float | None) -> list[tuple[str, bytes]]:
     stamps = [
         ("x-opt-sequence-number", enc_long(msg.seq)),
         ("x-opt-enqueued-time", enc_timestamp(msg.enqueued_at)),
@@ -121,6 +203,15 @@ def render(msg: StoredMessage, locked_until: float | None) -> bytes:
         stamps.append(("x-opt-deadletter-source", enc_str(msg.dead_letter_source)))
     if msg.scheduled_at is not None:
         stamps.append((SCHEDULED_TIME, enc_timestamp(msg.scheduled_at)))
+    return stamps
+
+
+def _render_general(msg: StoredMessage, locked_until: float | None) -> bytes:
+    """render() for any message (dead-lettered, scheduled, ...)."""
+    payload = msg.payload
+    sections = split_sections(payload)
+    header = next((s for s in sections if s.code == HEADER), None)
+    stamps = _stamps(msg, locked_until)
     parts = [_header(payload, header, msg.delivery_count)]
     annotations = next((s for s in sections if s.code == MESSAGE_ANN), None)
     parts.append(_merged_map(MESSAGE_ANN, payload, annotations, stamps, enc_symbol))
