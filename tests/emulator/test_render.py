@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from proton import Message, symbol
 
@@ -74,8 +76,10 @@ def test_dead_lettered_and_scheduled_messages_take_the_general_path():
     assert rendered == _render_general(msg, None)
     decoded = Message()
     decoded.decode(rendered)
-    assert (decoded.properties or {})["DeadLetterReason"] == "Why"
-    assert (decoded.annotations or {})[symbol("x-opt-deadletter-source")] == "q"
+    properties: Any = decoded.properties
+    annotations: Any = decoded.annotations
+    assert properties["DeadLetterReason"] == "Why"
+    assert annotations[symbol("x-opt-deadletter-source")] == "q"
     scheduled = StoredMessage(
         seq=8, payload=PAYLOADS["body only"], message_id=None, session_id=None, enqueued_at=NOW,
         expires_at=NOW + 3600, scheduled_at=NOW + 5,
