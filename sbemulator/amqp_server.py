@@ -186,6 +186,9 @@ class AmqpServer:
             self._close(conn, f"read failed: {exc!r}")
             return
         self._process(conn)
+        # Answer now (a settlement echo the client is waiting for) rather than after the timers
+        # and dispatch of this pass; the flush after them finds this connection already drained.
+        self._flush(conn)
 
     def _process(self, conn: _Conn) -> None:
         """Dispatch the connection's pending proton events; a handler error closes only it."""

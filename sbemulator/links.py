@@ -174,20 +174,26 @@ class LinkHandler:
             link.sb_role = None  # breaks the link <-> role reference cycle
 
     def on_idle(self) -> float:
-        """Timers and dispatch after each batch of I/O; returns seconds until the next deadline."""
+        """Timers and dispatch after each batch of I/O; returns seconds until the next deadline.
+
+        Runs after every pass of the server loop (once per settled message under load), so the
+        common case, nothing due and no new messages, touches as little as possible.
+        """
         now = self.broker.clock()
         if now >= self._next_tick:
             # New locks/schedules may add earlier deadlines: re-check at least every TICK_INTERVAL.
             self.broker.tick()
             self._next_tick = min(self.broker.next_deadline(), now + TICK_INTERVAL)
+            self._close_lost_sessions()  # only broker.tick loses session locks
         self.broker.journal.flush_if_due()
-        self._close_lost_sessions()
-        self._serve_waiting(now)
+        if self.waiting:
+            self._serve_waiting(now)
         for consumer in list(self.consumers):
-            if consumer.link.credit > 0 and consumer.queue.version != consumer.seen_version:
+            if consumer.queue.version != consumer.seen_version and _lib.pn_link_credit(consumer.link._impl) > 0:
                 self._pump(consumer)
-        deadlines = [self._next_tick, *(c.deadline for c in self.waiting)]
-        return max(0.0, min(deadlines) - now)
+        if not self.waiting:
+            return max(0.0, self._next_tick - now)
+        return max(0.0, min(self._next_tick, *(c.deadline for c in self.waiting)) - now)
 
     # ---- attach ----------------------------------------------------------------------------
     def _attach(self, link: Link) -> None:
