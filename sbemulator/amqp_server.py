@@ -24,6 +24,7 @@ from sbemulator.links import LinkHandler
 log = logging.getLogger("sbemulator.server")
 MAX_TIMEOUT = 0.5
 RECV_CHUNK = 256 * 1024
+SEND_CHUNK = 256 * 1024  # output is peeked and sent in pieces of at most this size
 TRANSPORT_TICK_INTERVAL = 0.1
 MAX_EVENTS_PER_PASS = 10_000
 # Only these events need the handler; skipping the rest before proton wraps them in Python
@@ -76,7 +77,7 @@ class AmqpServer:
         # Reused I/O buffers (the loop is single-threaded): no allocation per read or write.
         self._recv_buf = bytearray(RECV_CHUNK)
         self._recv_ptr = _ffi.from_buffer(self._recv_buf)
-        self._send_buf = bytearray(RECV_CHUNK)
+        self._send_buf = bytearray(SEND_CHUNK)
         self._send_ptr = _ffi.from_buffer(self._send_buf)
         self._send_view = memoryview(self._send_buf)
 
@@ -176,8 +177,8 @@ class AmqpServer:
             n = conn.sock.recv_into(buf, max(1, min(capacity, RECV_CHUNK)))
             if n:
                 pushed = _lib.pn_transport_push(t, self._recv_ptr, n)
-                if pushed < 0:
-                    raise OSError(f"proton refused the input ({pushed})")
+                if pushed != n:  # an error code, or input beyond the capacity it reported
+                    raise OSError(f"proton took {pushed} of {n} bytes")
             else:
                 conn.transport.close_tail()
         except BlockingIOError:
@@ -227,9 +228,7 @@ class AmqpServer:
         try:
             pending = lib.pn_transport_pending(t)
             while pending > 0:
-                if pending > len(self._send_buf):
-                    self._grow_send_buf(pending)
-                size = lib.pn_transport_peek(t, self._send_ptr, pending)
+                size = lib.pn_transport_peek(t, self._send_ptr, min(pending, SEND_CHUNK))
                 if size < -1:
                     raise OSError(f"proton output error ({size})")
                 if size <= 0:  # nothing to hand out despite pending > 0: never spin on it
@@ -254,11 +253,6 @@ class AmqpServer:
             conn.write_wanted = want
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
             self._selector.modify(conn.sock, events, None)
-
-    def _grow_send_buf(self, size: int) -> None:
-        self._send_buf = bytearray(max(size, 2 * len(self._send_buf)))
-        self._send_ptr = _ffi.from_buffer(self._send_buf)
-        self._send_view = memoryview(self._send_buf)
 
     def _close(self, conn: _Conn, why: str) -> None:
         if self._conns.pop(conn.sock, None) is None:
