@@ -6,7 +6,7 @@ import base64
 import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusSubQueue
 from azure.servicebus.exceptions import ServiceBusError
@@ -18,6 +18,8 @@ from shared.errors import SerializationError
 from shared.logs import get_logger, ids
 
 __all__ = ["export", "peek", "purge", "read_export"]
+
+K = TypeVar("K", int, str)
 
 log = get_logger("cli.dlq")
 
@@ -49,9 +51,9 @@ def export(client: ServiceBusClient, queue: str, out: Path, selection: Selection
     return count
 
 
-def read_export(path: Path) -> dict[int, bytes]:
-    """``sequence number → body`` from an export (possibly edited). Raises ValueError naming the line."""
-    bodies: dict[int, bytes] = {}
+def read_export_bodies(path: Path, key: str, key_type: type[K]) -> dict[K, bytes]:
+    """``key → body`` from an export (possibly edited). Raises ValueError naming the line."""
+    bodies: dict[K, bytes] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -59,15 +61,20 @@ def read_export(path: Path) -> dict[int, bytes]:
             doc = loads(line)
         except SerializationError as exc:
             raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("sequence_number"), int):
-            raise ValueError(f"{path}:{number}: each line needs a sequence_number (as written by dlq export)")
+        if not isinstance(doc, dict) or not isinstance(doc.get(key), key_type):
+            raise ValueError(f"{path}:{number}: each line needs a {key} (as written by dlq export)")
         if "body_base64" in doc:
-            bodies[doc["sequence_number"]] = base64.b64decode(doc["body_base64"])
+            bodies[doc[key]] = base64.b64decode(doc["body_base64"])
         elif isinstance(doc.get("body"), str):
-            bodies[doc["sequence_number"]] = doc["body"].encode()
+            bodies[doc[key]] = doc["body"].encode()
         else:
             raise ValueError(f"{path}:{number}: needs body (text) or body_base64")
     return bodies
+
+
+def read_export(path: Path) -> dict[int, bytes]:
+    """``sequence number → body`` from a Service Bus DLQ export."""
+    return read_export_bodies(path, "sequence_number", int)
 
 
 def purge(

@@ -18,7 +18,6 @@ Storage Queues differ from a dead-letter queue in ways that shape this module:
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,10 +28,10 @@ from azure.core.exceptions import AzureError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
 from dbfanout.ops.bus import MessageView
+from dbfanout.ops.dlq import read_export_bodies
 from dbfanout.ops.replay import Progress, ReplayReport, Selection
-from shared.codec import dumps, loads
+from shared.codec import dumps
 from shared.config import Config
-from shared.errors import SerializationError
 from shared.logs import get_logger, ids
 from shared.settings import storage_connection
 from shared.storagequeue import (
@@ -309,24 +308,8 @@ def _release(client: QueueClient, messages: list[QueueMessage]) -> None:
 
 
 def read_export_by_id(path: Path) -> dict[str, bytes]:
-    """``message id → body`` from a poison-queue export (possibly edited). Raises ValueError naming the line."""
-    bodies: dict[str, bytes] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            doc = loads(line)
-        except SerializationError as exc:
-            raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("message_id"), str):
-            raise ValueError(f"{path}:{number}: each line needs a message_id (as written by dlq export)")
-        if "body_base64" in doc:
-            bodies[doc["message_id"]] = base64.b64decode(doc["body_base64"])
-        elif isinstance(doc.get("body"), str):
-            bodies[doc["message_id"]] = doc["body"].encode()
-        else:
-            raise ValueError(f"{path}:{number}: needs body (text) or body_base64")
-    return bodies
+    """``message id → body`` from a poison-queue export (possibly edited)."""
+    return read_export_bodies(path, "message_id", str)
 
 
 @contextmanager
