@@ -7,8 +7,8 @@ rejects a stale ETag exactly like the blob one), and contract tests run against 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.models import Batch, Checkpoint, CursorValue, Position, StateDoc
@@ -75,17 +75,63 @@ class SourceRow:
         return self.position.cursor
 
 
-@dataclass(frozen=True, slots=True)
 class Page:
-    """One keyset page, in ``(cursor, pk)`` order. ``rows`` empty means caught up."""
+    """One keyset page, in ``(cursor, pk)`` order. Empty means caught up.
 
-    rows: Sequence[SourceRow]
-    skipped_null_cursors: int = 0
-    notes: dict[str, Any] = field(default_factory=dict)
+    A source may hand over the fetched tuples with a row builder instead of built rows: the tick
+    needs only the count and the last position, so rows (and the events made of them) are built
+    once, on first access, by whoever reads them (the sink).
+    """
+
+    __slots__ = ("_last_row", "_make_row", "_rows", "_tuples", "notes", "skipped_null_cursors")
+
+    def __init__(
+        self,
+        rows: Sequence[SourceRow] | None = None,
+        *,
+        tuples: Sequence[Any] | None = None,
+        make_row: Callable[[Any], SourceRow] | None = None,
+        skipped_null_cursors: int = 0,
+        notes: dict[str, Any] | None = None,
+    ) -> None:
+        if (rows is None) == (tuples is None) or (tuples is not None and make_row is None):
+            raise ValueError("Page needs either rows, or tuples with make_row")
+        self._rows = rows
+        self._tuples = tuples
+        self._make_row = make_row
+        self._last_row: SourceRow | None = None
+        self.skipped_null_cursors = skipped_null_cursors
+        self.notes: dict[str, Any] = notes if notes is not None else {}
+
+    def __len__(self) -> int:
+        return len(self._rows if self._rows is not None else self._tuples)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"Page(rows={len(self)}, skipped_null_cursors={self.skipped_null_cursors})"
+
+    @property
+    def rows(self) -> Sequence[SourceRow]:
+        if self._rows is None:
+            assert self._tuples is not None and self._make_row is not None
+            self._rows = list(map(self._make_row, self._tuples))
+        return self._rows
+
+    @property
+    def first_row(self) -> SourceRow | None:
+        if not len(self):
+            return None
+        return self._rows[0] if self._rows is not None else self._make_row(self._tuples[0])  # type: ignore[index, misc]
+
+    @property
+    def last_row(self) -> SourceRow | None:
+        if self._last_row is None and len(self):
+            self._last_row = self._rows[-1] if self._rows is not None else self._make_row(self._tuples[-1])  # type: ignore[index, misc]
+        return self._last_row
 
     @property
     def last(self) -> Position | None:
-        return self.rows[-1].position if self.rows else None
+        row = self.last_row
+        return row.position if row is not None else None
 
 
 class Source(Protocol):

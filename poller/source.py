@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -122,9 +123,14 @@ class SqlSource:
         with self._db_errors("fetch"), self._engine.connect() as conn:
             resolved = self._resolve(conn)
             plan = self._plan or self._make_plan(conn, resolved)
-            rows = self._rows(conn, resolved, plan, after, limit) if plan is not None else []
-            checked = self._check_nulls(conn, resolved, short=len(rows) < limit)
-        return Page(rows=rows, skipped_null_cursors=self._null_count, notes={"null_cursor_checked": checked})
+            tuples, make_row = self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row)
+            checked = self._check_nulls(conn, resolved, short=len(tuples) < limit)
+        return Page(
+            tuples=tuples,
+            make_row=make_row,
+            skipped_null_cursors=self._null_count,
+            notes={"null_cursor_checked": checked},
+        )
 
     def close(self) -> None:
         """Nothing to release: the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
@@ -317,20 +323,24 @@ class SqlSource:
 
     def _rows(
         self, conn: sa.Connection, r: _Resolved, plan: _Plan, after: Position | None, limit: int
-    ) -> list[SourceRow]:
+    ) -> tuple[list[Any], Callable[[Any], SourceRow]]:
+        """Run the page's SELECT; return its tuples and the builder of one :class:`SourceRow`.
+
+        Rows are built lazily (see :class:`~poller.ports.Page`): catching up costs one query and
+        one ``fetchall`` per page, plus the last row's position.
+        """
         cfg = self._config
         if after is None:
             result = conn.execute(plan.first, {"dbf_limit": limit})
         else:
             result = conn.execute(plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)})
         keys = list(result.keys())
-        tuples = result.all()  # one fetchall: per-row fetchone costs as much as the query
+        tuples = list(result.all())  # one fetchall: per-row fetchone costs as much as the query
         cursor, pk_names, soft, raw_extra = cfg.cursor, cfg.pk, cfg.soft_delete_column, r.raw_extra
         # The event carries the typed value; the position keeps what the database compares.
         convert = plan.kind.converter(cursor) if plan.kind.kind in ("naive", "text_datetime", "text_date") else None
-        out: list[SourceRow] = []
-        append = out.append
-        for tup in tuples:
+
+        def make_row(tup: Any) -> SourceRow:
             values = dict(zip(keys, tup))  # noqa: B905 - keys come from this very result
             raw = values.pop(_RAW_CURSOR) if raw_extra else values[cursor]
             if convert is not None:
@@ -339,14 +349,16 @@ class SqlSource:
             if soft is not None:
                 flag = values[soft]
                 deleted = flag is not None and flag is not False and flag != 0
-            append(SourceRow(Position(raw, {p: values[p] for p in pk_names}), values, deleted))
-        if plan.kind.kind == "text_datetime" and out:
-            self._check_text_format(out, plan.kind.sep)
-        return out
+            return SourceRow(Position(raw, {p: values[p] for p in pk_names}), values, deleted)
 
-    def _check_text_format(self, rows: list[SourceRow], sep: str) -> None:
-        for row in rows:
-            raw = row.position.cursor
+        if plan.kind.kind == "text_datetime" and tuples:
+            at = keys.index(_RAW_CURSOR if raw_extra else cursor)
+            self._check_text_format((tuples[0][at], tuples[len(tuples) // 2][at], tuples[-1][at]), plan.kind.sep)
+        return tuples, make_row
+
+    def _check_text_format(self, raws: Iterable[Any], sep: str) -> None:
+        """Sampled (first, middle, last of each page): a mixed format shows up within a few pages."""
+        for raw in raws:
             if isinstance(raw, str) and len(raw) > 10 and raw[10] != sep:
                 self._warn_mixed_format(raw, sep)
                 return
@@ -400,6 +412,10 @@ class SqlSource:
 
     def _db_errors(self, op: str) -> AbstractContextManager[None]:
         return db_errors(f"poller {self._config.name}: {op} from {self._url}", self._config.source_url)
+
+
+def _no_row(tup: Any) -> SourceRow:
+    raise AssertionError("an empty page has no rows")
 
 
 def _zone(name: str | None, key: str) -> ZoneInfo | None:

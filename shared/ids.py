@@ -13,9 +13,17 @@ from typing import Any
 import orjson
 
 from shared.codec import dumps, encode_value
-from shared.models import CursorValue
+from shared.models import CursorValue, Position
 
-__all__ = ["EventIds", "batch_id_for", "event_id_for", "idempotency_key", "source_fingerprint", "split_message_id"]
+__all__ = [
+    "EventIds",
+    "batch_id_for",
+    "batch_id_for_range",
+    "event_id_for",
+    "idempotency_key",
+    "source_fingerprint",
+    "split_message_id",
+]
 
 
 def _digest(*parts: Any) -> str:
@@ -59,6 +67,17 @@ def event_id_for(poller: str, fingerprint: str, pk: Mapping[str, Any], cursor: C
 def batch_id_for(poller: str, fingerprint: str, event_ids: Sequence[str]) -> str:
     """Id of one fetched page; identical pages get identical ids."""
     return "batch-" + _digest("batch", poller, fingerprint, list(event_ids))[:32]
+
+
+def batch_id_for_range(poller: str, fingerprint: str, first: Position, last: Position, count: int) -> str:
+    """Id of one fetched page: its first and last keyset positions and its size.
+
+    A page starts right after a committed checkpoint, so re-fetching it (after a failed commit, a
+    crash or a lost lease) gives the same id without hashing every row. Message ids, which
+    duplicate detection compares, still cover every event id.
+    """
+    bounds = [_canonical_bytes(p.pk, p.cursor).decode() for p in (first, last)]
+    return "batch-" + _digest("batch", poller, fingerprint, bounds, count)[:32]
 
 
 def idempotency_key(poller: str, fingerprint: str, event_ids: Iterable[str]) -> str:

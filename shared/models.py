@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
@@ -117,7 +117,7 @@ class Batch:
     poller: str
     batch_id: str
     source_fingerprint: str
-    events: tuple[RowChange, ...]
+    events: Sequence[RowChange]  # a tuple, or built on first access (the poller's LazyEvents)
     schema: str = BATCH_SCHEMA
 
 
