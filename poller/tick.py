@@ -4,6 +4,10 @@ acquire lease (CAS) → load checkpoint (same read) → verify fingerprint → u
 ``max_batches_per_tick`` pages within the time budget: fetch → normalize → **send** → **commit**
 (the commit only after every message was accepted; it also extends the lease) → release.
 
+Commits run through :class:`~poller.committer.Committer`: with ``max_uncommitted_batches`` > 1
+the next page is fetched and sent while the previous commit is in flight, and one write covers
+every page accepted meanwhile; a tick never ends (nor releases) before its last commit landed.
+
 Failure branches name their window (W1-W7, see the operations guide). Ordinary outcomes (lease
 held elsewhere, lease lost mid-tick, caught up) are results; failures that need attention raise
 after the lease was released.
@@ -17,11 +21,12 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Literal
 
-from poller.events import to_batch
+from poller.committer import Committer
+from poller.events import page_batch
 from poller.lease import LeaseKeeper
 from poller.ports import Page, Sink, Source, StateStore
 from shared.config import PollerConfig
@@ -85,7 +90,10 @@ def run_tick(
     keeper = LeaseKeeper(store, snap, ttl, clock=clock)
     try:
         _verify_fingerprint(snap.doc, fingerprint)
-        return _drain(poller, source, sink, keeper, fingerprint, clock, monotonic)
+        # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
+        # It writes only when a third of the TTL is left; commits extend the lease as they land.
+        with keeper.renewing_in_background():
+            return _drain(poller, source, sink, keeper, fingerprint, clock, monotonic)
     except LostLeaseError:
         log.warning(
             "lease lost mid-tick; the new owner re-sends the batch",
@@ -114,32 +122,47 @@ def _drain(
     monotonic: Callable[[], float],
 ) -> TickResult:
     deadline = monotonic() + poller.time_budget_seconds
-    rows = batches = nulls = 0
+    nulls = 0
     reason: StopReason = "max_batches"
-    for _ in range(poller.max_batches_per_tick):
-        with _stage("fetch", poller.name):
-            page = source.fetch(keeper.checkpoint.position, poller.batch_size)
-        metrics.rows_fetched.add(len(page.rows), {"poller": poller.name})
-        nulls = max(nulls, page.skipped_null_cursors)
-        if not page.rows:
-            reason = "caught_up"
-            break
-        batch = to_batch(poller, fingerprint, page.rows)
-        _send(sink, keeper, batch)
-        _commit(keeper, batch, page, clock)
-        rows, batches = rows + len(page.rows), batches + 1
-        if len(page.rows) < poller.batch_size:
-            reason = "caught_up"
-            break
-        if monotonic() >= deadline:
-            reason = "time_budget"
-            break
-    return TickResult(poller.name, reason, rows, batches, keeper.fencing_token, nulls)
+    position = keeper.checkpoint.position  # where the next page starts: after the last *accepted* one
+    committer: Committer[tuple[Checkpoint, object]] = Committer(
+        lambda item: _commit(keeper, *item, poller.name),
+        poller.max_uncommitted_batches,
+        name=f"committer-{poller.name}",
+    )
+    try:
+        for _ in range(poller.max_batches_per_tick):
+            with _stage("fetch", poller.name):
+                page = source.fetch(position, poller.batch_size)
+            metrics.rows_fetched.add(len(page), {"poller": poller.name})
+            nulls = max(nulls, page.skipped_null_cursors)
+            if not len(page):
+                reason = "caught_up"
+                break
+            batch = page_batch(poller, fingerprint, page)
+            committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
+            _send(sink, batch)
+            committer.submit(_checkpoint_after(poller, batch, page, clock), len(page))
+            position = page.last
+            if len(page) < poller.batch_size:
+                reason = "caught_up"
+                break
+            if monotonic() >= deadline:
+                reason = "time_budget"
+                break
+        landed = committer.flush()
+    except Exception:
+        # Land what the sink already accepted (fewer re-sends); the original error still propagates.
+        with suppress(Exception):
+            committer.flush()
+        raise
+    finally:
+        committer.close()
+    return TickResult(poller.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
 
 
-def _send(sink: Sink, keeper: LeaseKeeper, batch: Batch) -> None:
-    # A slow send must not let the lease lapse: heartbeat in the background meanwhile (R11).
-    with _stage("send", batch.poller), keeper.renewing_in_background():
+def _send(sink: Sink, batch: Batch) -> None:
+    with _stage("send", batch.poller):
         sink.send(batch)
     log.info(
         "batch enqueued",
@@ -147,38 +170,48 @@ def _send(sink: Sink, keeper: LeaseKeeper, batch: Batch) -> None:
     )
 
 
-def _commit(keeper: LeaseKeeper, batch: Batch, page: Page, clock: Callable[[], dt.datetime]) -> None:
-    """Advance the checkpoint past ``page`` — only ever after the sink accepted the batch."""
+def _checkpoint_after(
+    poller: PollerConfig, batch: Batch, page: Page, clock: Callable[[], dt.datetime]
+) -> tuple[Checkpoint, object]:
+    """The checkpoint past ``page``, with the last row's typed cursor (for the lag metric)."""
+    last = page.last_row
+    assert last is not None
     checkpoint = Checkpoint(
-        position=page.last,
+        position=last.position,
         last_successful_batch_id=batch.batch_id,
         updated_at=clock(),
-        metadata={"row_count": len(page.rows)},
+        metadata={"row_count": len(page)},
     )
+    return checkpoint, last.values.get(poller.cursor, last.position.cursor)
+
+
+def _commit(keeper: LeaseKeeper, checkpoint: Checkpoint, last_cursor: object, poller: str) -> None:
+    """Write ``checkpoint`` — only ever after the sink accepted every page up to it."""
+    batch_id = checkpoint.last_successful_batch_id
     try:
-        with _stage("commit", batch.poller):
+        with _stage("commit", poller):
             keeper.commit(checkpoint)
     except CommitAmbiguousError:
-        # W5: the write may have landed. Reload: if it did, go on; if not, the batch is re-sent.
+        # W5: the write may have landed. Reload: if it did, go on; if not, the pages are re-sent.
         if keeper.resolve_ambiguous(checkpoint):
-            log.info("ambiguous commit had landed", extra=ids(poller=batch.poller, batch_id=batch.batch_id))
+            log.info("ambiguous commit had landed", extra=ids(poller=poller, batch_id=batch_id))
             return
         log.warning(
             "ambiguous commit did not land; the batch will be re-sent",
-            extra=ids(poller=batch.poller, batch_id=batch.batch_id, window="W5"),
+            extra=ids(poller=poller, batch_id=batch_id, window="W5"),
         )
         raise
     except CommitError:
         log.warning(
             "checkpoint commit failed; the batch will be re-sent",
-            extra=ids(poller=batch.poller, batch_id=batch.batch_id, window="W1"),
+            extra=ids(poller=poller, batch_id=batch_id, window="W1"),
         )
         raise
     log.info(
         "checkpoint committed",
-        extra=ids(poller=batch.poller, batch_id=batch.batch_id, fencing_token=keeper.fencing_token),
+        extra=ids(poller=poller, batch_id=batch_id, fencing_token=keeper.fencing_token),
     )
-    _record_success(batch, checkpoint)
+    _record_success(poller, checkpoint, last_cursor)
 
 
 @contextmanager
@@ -191,10 +224,9 @@ def _stage(stage: str, poller: str) -> Iterator[None]:
         raise
 
 
-def _record_success(batch: Batch, checkpoint: Checkpoint) -> None:
-    attrs = {"poller": batch.poller}
+def _record_success(poller: str, checkpoint: Checkpoint, cursor: object) -> None:
+    attrs = {"poller": poller}
     now = checkpoint.updated_at or _utcnow()
     metrics.last_success_timestamp.record(now.timestamp(), attrs)
-    cursor = batch.events[-1].cursor
     if isinstance(cursor, dt.datetime) and cursor.tzinfo is not None:
         metrics.lag_seconds.record(max(0.0, (now - cursor).total_seconds()), attrs)

@@ -2,7 +2,8 @@
 
 Each test injects one fault at the exact step and asserts: no row lost, the checkpoint never
 ahead of what the sink accepted, duplicates only where the window says. State stores: the
-in-memory fake and the blob store on Azurite (``harness`` fixture); source: SQLite.
+in-memory fake and the blob store on Azurite (``harness`` fixture); source: SQLite. Commits run
+inline and pipelined (``poller`` fixture); test_pipelined_commits.py covers the pipelined windows.
 """
 
 from __future__ import annotations
@@ -26,9 +27,18 @@ def table(tmp_path: Path) -> SourceTable:
     return SourceTable(f"sqlite:///{tmp_path / 'src.db'}")
 
 
-@pytest.fixture
-def poller(table: SourceTable):
+@pytest.fixture(params=["inline", "pipelined"])
+def poller(table: SourceTable, request: pytest.FixtureRequest):
+    """Each case runs with commits inline (max_uncommitted_batches = 1, the seed's strict order) and
+    pipelined (the default); the per-batch duplicate counts of B and G are the inline ones."""
+    if request.param == "inline":
+        return make_poller(str(table.engine.url), max_uncommitted_batches=1)
     return make_poller(str(table.engine.url))
+
+
+@pytest.fixture
+def inline_poller(table: SourceTable):
+    return make_poller(str(table.engine.url), max_uncommitted_batches=1)
 
 
 @pytest.fixture
@@ -66,7 +76,8 @@ def test_sink_failure_keeps_the_checkpoint__case_A(table, poller, source, store)
     assert sorted(sink.delivered()) == sorted(table.states())
 
 
-def test_commit_failure_resends_the_same_batch__case_B_W1(table, poller, source) -> None:
+def test_commit_failure_resends_the_same_batch__case_B_W1(table, inline_poller) -> None:
+    poller, source = inline_poller, SqlSource(inline_poller)
     # The injected commit error needs the fake; Azurite's real outage is in test_state_blob_faults
     clock = FakeClock()
     store = MemoryStateStore("orders", clock=clock)
@@ -174,7 +185,8 @@ def test_crash_after_the_broker_accepted_resends_the_whole_batch__case_F_W3(
 
 
 @pytest.mark.parametrize("landed", [True, False])
-def test_ambiguous_commit_is_resolved_by_reloading__case_G_W5(table, poller, source, landed: bool) -> None:
+def test_ambiguous_commit_is_resolved_by_reloading__case_G_W5(table, inline_poller, landed: bool) -> None:
+    poller, source = inline_poller, SqlSource(inline_poller)
     store = MemoryStateStore("orders")
     table.upsert(range(20))
     sink = RecordingSink()
