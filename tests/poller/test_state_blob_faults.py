@@ -231,3 +231,33 @@ def test_connection_string_client_never_uses_an_identity() -> None:
     assert isinstance(client, BlobServiceClient)
     assert not isinstance(client.credential, DefaultAzureCredential)
     assert "AccountKey" not in repr(conn) and KEY not in repr(conn)
+
+
+def test_the_blob_session_reads_the_proxy_environment_once_and_still_honours_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import requests.sessions
+    import requests.utils
+
+    # Given a proxy in the environment, with the local storage host excluded from it
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    remote, local = "https://acct.blob.core.windows.net/c/b", "https://127.0.0.1:10000/devstoreaccount1/c/b"
+    plain = requests.Session()
+    expected = {url: plain.merge_environment_settings(url, {}, None, None, None) for url in (remote, local)}
+    assert expected[remote]["proxies"]["https"] == "http://proxy.invalid:3128"
+    assert "https" not in expected[local]["proxies"]
+    reads = {"n": 0}
+    original = requests.utils.get_environ_proxies  # what requests.sessions calls
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads["n"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(requests.sessions, "get_environ_proxies", counted)
+    session = state_blob._EnvOnceSession()
+    # When each endpoint is asked three times; Then the answers are requests' own
+    for url in (remote, local) * 3:
+        assert session.merge_environment_settings(url, {}, None, None, None) == expected[url]
+    # And the environment was read once per endpoint, not once per request
+    assert reads["n"] == 2
