@@ -4,10 +4,16 @@
     .venv/bin/python benchmarks/bench_poller.py --rows 1000000  # the "flat at 1M" check
 
 raw scan   : the poller's own keyset SELECT, paged with plain SQLAlchemy Core (fetchall), no framework
-poller     : run_tick() until caught up: fetch → events (ids, ops) → no-op sink → CAS commit on Azurite
-memory     : the same with the in-memory state store: the framework's own cost, without storage latency
+poller     : run_tick() until caught up: fetch → batch → no-op sink → CAS commit on Azurite
 ratio      : poller rows/s ÷ raw rows/s (target ≥ 0.70 at batch 1000)
 writes/b   : state-blob writes per batch (target ≤ 2)
+memory     : the poller with the in-memory state store: the framework's own cost, without storage
++events    : the poller (Azurite) with a sink that builds every event (ids, ops, values): the
+             per-row normalisation a real sink pays for, which a no-op sink never asks for
+
+Each figure is the best of --repeat rounds, the four measures interleaved in each round (the
+machine is shared; the best run is the least disturbed).
+--depth sets max_uncommitted_batches (default: the configuration's default).
 """
 
 from __future__ import annotations
@@ -72,10 +78,14 @@ def build_table(url: str, rows: int) -> str:
                     for i in range(lo, min(rows, lo + chunk))
                 ],
             )
-        if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql(f"ANALYZE {name}")
+    if engine.dialect.name == "postgresql":  # hint bits and statistics now, not during the first timed scan
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f"VACUUM ANALYZE {name}")
     engine.dispose()
     return name
+
+
+DEPTH = PollerConfig(name="d", source_url="", cursor="c", pk=("id",), queue="q").max_uncommitted_batches
 
 
 def poller_config(url: str, table: str, batch: int) -> PollerConfig:
@@ -88,6 +98,7 @@ def poller_config(url: str, table: str, batch: int) -> PollerConfig:
         queue="bench",
         batch_size=batch,
         max_batches_per_tick=100_000,
+        max_uncommitted_batches=DEPTH,
         lease_ttl_seconds=600,
         settle_seconds=0,
         cursor_timezone="UTC",
@@ -130,6 +141,8 @@ def _probe_cursor(cfg: PollerConfig) -> Any:
 
 
 class NoopSink:
+    """Accepts every batch at once; counts rows without asking for the events."""
+
     def __init__(self) -> None:
         self.events = 0
 
@@ -140,7 +153,16 @@ class NoopSink:
         pass
 
 
-def poller_catch_up(cfg: PollerConfig, storage: str | None) -> tuple[int, float, float]:
+class BuildingSink(NoopSink):
+    """Builds every event of every batch (what a real sink does before encoding), then drops them."""
+
+    def send(self, batch: Batch) -> None:
+        self.events += sum(1 for event in batch.events if event.event_id)
+
+
+def poller_catch_up(
+    cfg: PollerConfig, storage: str | None, sink_type: type[NoopSink] = NoopSink
+) -> tuple[int, float, float]:
     """Catch up from scratch; state on Azurite, or in memory when ``storage`` is None."""
     store: Any = (
         open_state_store(StorageConnection(connection_string=storage), "bench-state", "bench", cfg.name)
@@ -156,7 +178,7 @@ def poller_catch_up(cfg: PollerConfig, storage: str | None) -> tuple[int, float,
             return _original(*args, **kwargs)
 
         setattr(store, name, counted)
-    source, sink = SqlSource(cfg), NoopSink()
+    source, sink = SqlSource(cfg), sink_type()
     started = time.perf_counter()
     batches = 0
     while True:
@@ -169,10 +191,24 @@ def poller_catch_up(cfg: PollerConfig, storage: str | None) -> tuple[int, float,
     return sink.events, elapsed, writes["n"] / max(batches, 1)
 
 
+def best_rates(runs: int, measures: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Best rows/s of each measure over ``runs`` rounds, interleaved so that a disturbed period of a
+    shared machine hits every measure alike. Values: (rows/s, writes per batch of that run)."""
+    best: dict[str, tuple[float, float]] = {name: (0.0, 0.0) for name in measures}
+    for _ in range(runs):
+        for name, measure in measures.items():
+            rows, elapsed, per_batch = measure()
+            if rows / elapsed > best[name][0]:
+                best[name] = (rows / elapsed, per_batch)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batches", type=int, nargs="+", default=[500, 1000])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--depth", type=int, default=DEPTH, help="max_uncommitted_batches")
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args()
 
@@ -181,26 +217,43 @@ def main() -> None:
     targets = [("sqlite-file", f"sqlite:///{tmp / 'bench.db'}")]
     if not args.no_postgres and unreachable_reason(PG_URL) is None:
         targets.append(("postgresql", PG_URL))
-    print(f"rows={args.rows}  python={sys.version.split()[0]}  sqlalchemy={sa.__version__}")
     print(
-        f"{'database':<12} {'batch':>6} {'raw rows/s':>12} {'poller rows/s':>14} {'ratio':>6} {'writes/b':>9}"
-        f" {'memory-state rows/s':>20} {'ratio':>6}"
+        f"rows={args.rows}  max_uncommitted_batches={args.depth}  best of {args.repeat}  "
+        f"python={sys.version.split()[0]}  sqlalchemy={sa.__version__}"
     )
+    print(
+        f"{'database':<12} {'batch':>6} {'raw rows/s':>11} {'poller rows/s':>14} {'ratio':>6} {'writes/b':>9}"
+        f" {'memory rows/s':>14} {'ratio':>6} {'+events rows/s':>15} {'ratio':>6}"
+    )
+    runs = iter(range(1_000_000))
     try:
         for label, url in targets:
             table = build_table(url, args.rows)
             for batch in args.batches:
-                cfg = poller_config(url, table, batch)
-                n_raw, t_raw = raw_scan(cfg)
-                n_poll, t_poll, per_batch = poller_catch_up(
-                    replace(cfg, name=cfg.name + "p"), azurite.connection_string
+                cfg = replace(poller_config(url, table, batch), max_uncommitted_batches=args.depth)
+
+                def fresh(cfg: PollerConfig = cfg) -> PollerConfig:
+                    return replace(cfg, name=f"{cfg.name}-{next(runs)}")  # each run catches up from scratch
+
+                def checked(result: tuple[int, float, float]) -> tuple[int, float, float]:
+                    assert result[0] == args.rows, (result[0], args.rows)
+                    return result
+
+                raw_scan(cfg)  # warm-up: caches and pools, untimed
+                best = best_rates(
+                    args.repeat,
+                    {
+                        "raw": lambda cfg=cfg: checked((*raw_scan(cfg), 0.0)),
+                        "poller": lambda: checked(poller_catch_up(fresh(), azurite.connection_string)),
+                        "memory": lambda: checked(poller_catch_up(fresh(), None)),
+                        "built": lambda: checked(poller_catch_up(fresh(), azurite.connection_string, BuildingSink)),
+                    },
                 )
-                n_mem, t_mem, _ = poller_catch_up(replace(cfg, name=cfg.name + "m"), None)
-                assert n_raw == n_poll == n_mem == args.rows, (n_raw, n_poll, n_mem)
-                raw_rate, poll_rate, mem_rate = n_raw / t_raw, n_poll / t_poll, n_mem / t_mem
+                (raw, _), (poll, per_batch), (mem, _), (built, _) = best.values()
                 print(
-                    f"{label:<12} {batch:>6} {raw_rate:>12,.0f} {poll_rate:>14,.0f} "
-                    f"{poll_rate / raw_rate:>6.2f} {per_batch:>9.2f} {mem_rate:>20,.0f} {mem_rate / raw_rate:>6.2f}"
+                    f"{label:<12} {batch:>6} {raw:>11,.0f} {poll:>14,.0f} {poll / raw:>6.2f} {per_batch:>9.2f}"
+                    f" {mem:>14,.0f} {mem / raw:>6.2f} {built:>15,.0f} {built / raw:>6.2f}",
+                    flush=True,
                 )
     finally:
         azurite.stop()
