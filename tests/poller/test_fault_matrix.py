@@ -9,10 +9,12 @@ inline and pipelined (``poller`` fixture); test_pipelined_commits.py covers the 
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 
 import pytest
 
+from poller.lease import utcnow
 from poller.ports import StateStore
 from poller.source import SqlSource
 from poller.state_memory import MemoryStateStore
@@ -260,3 +262,29 @@ def test_soft_deleted_rows_arrive_as_delete_events(table, poller, source, store)
     drain(poller, source, store, sink)
     ops = {(e.pk["id"], e.op) for b in sink.accepted for e in b.events}
     assert ops == {(0, "upsert"), (2, "upsert"), (1, "delete")}
+
+
+def test_a_fetch_slower_than_the_lease_keeps_the_lease__R11(table, harness: StoreHarness) -> None:
+    # Given a 1 s lease and a database whose first fetch takes 2.5 s (real time, real clock)
+    poller = make_poller(str(table.engine.url), lease_ttl_seconds=1)
+    source = SqlSource(poller)
+    table.upsert(range(5))
+    rival_won: list[bool] = []
+    real_fetch = source.fetch
+
+    def slow_fetch(after, limit):  # type: ignore[no-untyped-def]
+        if not rival_won:
+            stalled_until = time.monotonic() + 2.5
+            while time.monotonic() < stalled_until:  # a rival keeps trying to take the lease
+                rival = harness.make(utcnow).try_acquire("rival", dt.timedelta(seconds=1), source.fingerprint)
+                rival_won.append(rival is not None)
+                time.sleep(0.05)
+        return real_fetch(after, limit)
+
+    source.fetch = slow_fetch  # type: ignore[method-assign]
+    sink = RecordingSink()
+    # When the tick runs; Then the background heartbeat kept the lease through the fetch
+    result = run_tick(poller, source, harness.make(utcnow), sink, owner_id="a")
+    assert result.stop_reason == "caught_up" and result.rows == 5
+    assert rival_won and not any(rival_won)
+    assert sorted(sink.delivered()) == sorted(table.states())
