@@ -86,6 +86,8 @@ class Committer(Generic[T]):
     def flush(self) -> Landed:
         """Wait until every submitted page is covered by a landed write; raise the first failure."""
         with self._cond:
+            if self._closing and self._landed.batches < self._submitted:
+                raise RuntimeError("the committer was closed with pages not yet written; flush before close")
             self._wait_until(lambda: self._landed.batches >= self._submitted)
             return self._landed
 

@@ -373,3 +373,11 @@ def test_writes_follow_submission_order_and_carry_only_submitted_items(max_uncom
     # And each write covered exactly the pages up to its item: landed count == the previous item
     assert covered_before == [0, *writes[:-1]]
     assert landed == Landed(rows=rows_total, batches=200)
+
+
+def test_flush_after_close_with_pending_pages_refuses_instead_of_hanging() -> None:
+    committer: Committer[int] = Committer(lambda item: None, 8)
+    committer.submit(1, rows=1)  # below the group: nothing written yet
+    committer.close()
+    with pytest.raises(RuntimeError, match="flush before close"):
+        committer.flush()
