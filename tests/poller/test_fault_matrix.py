@@ -272,7 +272,7 @@ def test_a_fetch_slower_than_the_lease_keeps_the_lease__R11(table, harness: Stor
     rival_won: list[bool] = []
     real_fetch = source.fetch
 
-    def slow_fetch(after, limit):  # type: ignore[no-untyped-def]
+    def slow_fetch(after, limit):
         if not rival_won:
             stalled_until = time.monotonic() + 2.5
             while time.monotonic() < stalled_until:  # a rival keeps trying to take the lease
