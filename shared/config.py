@@ -85,7 +85,7 @@ class PollerConfig:
     sessions: bool = False
     # Batches sent ahead of the last landed checkpoint write (group commit); 1 = commit each batch
     # before the next is fetched, the brief's strict order. Duplicates after a crash: at most this many.
-    max_uncommitted_batches: int = 8
+    max_uncommitted_batches: int = 16
 
     @property
     def time_budget_seconds(self) -> float:
@@ -297,5 +297,5 @@ def _poller(name: str, raw: Any, settings: Settings) -> PollerConfig:
         cardinality=_choice(raw, prefix, "cardinality", "one", ("one", "many")),
         use_monitor=bool(raw.get("use_monitor", True)),
         sessions=bool(raw.get("sessions", False)),
-        max_uncommitted_batches=_int(raw, prefix, "max_uncommitted_batches", 8, 1, 64),
+        max_uncommitted_batches=_int(raw, prefix, "max_uncommitted_batches", 16, 1, 64),
     )
