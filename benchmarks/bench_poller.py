@@ -90,6 +90,14 @@ def build_table(url: str, rows: int) -> str:
 DEPTH = PollerConfig(name="d", source_url="", cursor="c", pk=("id",), queue="q").max_uncommitted_batches
 
 
+def drop_table(url: str, name: str) -> None:
+    """Leave the database as it was (a 1M-row table would otherwise keep autovacuum busy)."""
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+    engine.dispose()
+
+
 def poller_config(url: str, table: str, batch: int) -> PollerConfig:
     return PollerConfig(
         name=f"bench-{uuid.uuid4().hex[:6]}",
@@ -235,9 +243,11 @@ def main() -> None:
         f" {'memory rows/s':>14} {'ratio':>6} {'+events rows/s':>15} {'ratio':>6}"
     )
     runs = iter(range(1_000_000))
+    built_tables: list[tuple[str, str]] = []
     try:
         for label, url in targets:
             table = build_table(url, args.rows)
+            built_tables.append((url, table))
             for batch in args.batches:
                 cfg = replace(poller_config(url, table, batch), max_uncommitted_batches=args.depth)
 
@@ -267,6 +277,8 @@ def main() -> None:
                 )
     finally:
         azurite.stop()
+        for url, table in built_tables:
+            drop_table(url, table)
 
 
 if __name__ == "__main__":
