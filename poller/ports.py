@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,6 +149,10 @@ class Source(Protocol):
         Only rows older than the settle window (on the database clock) are returned.
         Raises FetchError (transient) or SourceError/CursorError (fix the config or data).
         """
+        ...
+
+    def pinned(self) -> AbstractContextManager[None]:
+        """Within it, this thread's fetches may reuse one connection (a tick's pages)."""
         ...
 
     def close(self) -> None: ...

@@ -24,10 +24,11 @@ Soft deletes: a row whose ``soft_delete_column`` is not NULL, not false and not 
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -112,6 +113,7 @@ class SqlSource:
         self._null_count = 0
         self._null_checked_at: float | None = None
         self._warned: set[str] = set()
+        self._local = threading.local()  # the connection pinned by pinned(), per thread
 
     # ------------------------------------------------------------------------------ the port
 
@@ -120,11 +122,45 @@ class SqlSource:
         return self._fingerprint
 
     def fetch(self, after: Position | None, limit: int) -> Page:
-        with self._db_errors("fetch"), self._engine.connect() as conn:
-            resolved = self._resolve(conn)
-            plan = self._plan or self._make_plan(conn, resolved)
-            tuples, make_row = self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row)
-            checked = self._check_nulls(conn, resolved, short=len(tuples) < limit)
+        if not getattr(self._local, "pinning", False):
+            with self._db_errors("fetch"), self._engine.connect() as conn:
+                return self._fetch(conn, after, limit)
+        with self._db_errors("fetch"):
+            pinned: sa.Connection | None = self._local.conn
+            if pinned is None:
+                pinned = self._local.conn = self._engine.connect()
+            try:
+                page = self._fetch(pinned, after, limit)
+            except BaseException:
+                with suppress(sa.exc.SQLAlchemyError):  # the fetch's own error is the one to report
+                    pinned.rollback()
+                raise
+            pinned.rollback()  # each page its own transaction: a fresh snapshot, no held xmin
+        return page
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Fetches inside (in this thread) reuse one pooled connection instead of a checkout each.
+
+        A checkout pings the server (``pool_pre_ping``) and a check-in rolls back: two round
+        trips a page. Pinned, a page costs its query and one rollback (each page still reads
+        its own snapshot). The connection is checked out by the first fetch (whose errors stay
+        fetch errors) and returned at the end; a broken one is discarded by the pool.
+        """
+        self._local.pinning, self._local.conn = True, None
+        try:
+            yield
+        finally:
+            conn, self._local.pinning, self._local.conn = self._local.conn, False, None
+            if conn is not None:
+                with suppress(sa.exc.SQLAlchemyError):
+                    conn.close()
+
+    def _fetch(self, conn: sa.Connection, after: Position | None, limit: int) -> Page:
+        resolved = self._resolve(conn)
+        plan = self._plan or self._make_plan(conn, resolved)
+        tuples, make_row = self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row)
+        checked = self._check_nulls(conn, resolved, short=len(tuples) < limit)
         return Page(
             tuples=tuples,
             make_row=make_row,

@@ -92,7 +92,7 @@ def run_tick(
         _verify_fingerprint(snap.doc, fingerprint)
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
-        with keeper.renewing_in_background():
+        with keeper.renewing_in_background(), source.pinned():
             return _drain(poller, source, sink, keeper, fingerprint, clock, monotonic)
     except LostLeaseError:
         log.warning(

@@ -257,3 +257,35 @@ def test_settle_window_hides_rows_younger_than_the_window_on_the_database_clock(
     assert pks(page.rows) == [1]
     unsettled = SqlSource(poller_config(str(engine.url), table=name, cursor_timezone="UTC"), engine)
     assert pks(unsettled.fetch(None, 10).rows) == [1, 2]
+
+
+def test_pinned_fetches_share_one_connection_and_each_page_sees_rows_committed_meanwhile(
+    engine: sa.Engine,
+) -> None:
+    # Given 10 rows, and a count of pool checkouts made by fetches
+    name = _int_table(engine, [{"id": i, "c": i, "note": "r"} for i in range(1, 11)])
+    source = SqlSource(poller_config(str(engine.url), table=name), engine)
+    checkouts: list[int] = []
+    listener = lambda *args: checkouts.append(1)  # noqa: E731
+    sa.event.listen(engine, "checkout", listener)
+    try:
+
+        def fetch_counted(after: Any, limit: int) -> tuple[Any, int]:
+            before = len(checkouts)
+            page = source.fetch(after, limit)
+            return page, len(checkouts) - before
+
+        with source.pinned():
+            page, first = fetch_counted(None, 5)
+            # When another session commits a row between two pages (REPEATABLE READ on MariaDB
+            # would hide it from a transaction left open)
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"INSERT INTO {name} (id, c, note) VALUES (11, 11, 'late')"))
+            rest, second = fetch_counted(page.last, 100)
+        # Then one checkout served both pages, and the second page saw the new row
+        assert (first, second) == (1, 0)
+        assert pks(page.rows) + pks(rest.rows) == list(range(1, 12))
+        # And unpinned, every fetch checks a connection out (and pings it)
+        assert [fetch_counted(None, 5)[1] for _ in range(2)] == [1, 1]
+    finally:
+        sa.event.remove(engine, "checkout", listener)
