@@ -130,6 +130,9 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path, azurite: Azurit
             _sleep_random(rng)
             host.kill()
         host.start()
+        # The graceful stop below needs the last host past start-up (its SIGTERM handler installed):
+        # the rows may all be handled already, so convergence alone does not wait for it
+        wait_for(host.started, 60, "the last host to start")
         writer.join(300)
         # Then, once locks and leases of the dead hosts expire, the target matches the source exactly
         wait_for(lambda: _converged(writer, target), 180, "the target to match the source after the kills")
@@ -138,7 +141,7 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path, azurite: Azurit
         assert target.processed() >= len(writer.expected())
         stats = servicebus.queue_stats(app.queue)
         assert stats["dead_lettered"] == 0
-        assert host.terminate() == 0
+        assert host.terminate() == 0, host.log_tail()
         print(f"kills={KILLS} rows={CRASH_ROWS} processed={target.processed()} duplicates={target.duplicates()}")
     finally:
         host.stop_quietly()
