@@ -75,11 +75,10 @@ class LazyEvents(Sequence[RowChange]):
         return f"LazyEvents({self._count} events, {built})"
 
 
-def _range_id(poller: PollerConfig, fingerprint: str, rows: Sequence[SourceRow] | Page) -> str:
-    first = rows.first_row if isinstance(rows, Page) else rows[0]
-    last = rows.last_row if isinstance(rows, Page) else rows[-1]
+def _range_id(poller: PollerConfig, fingerprint: str, page: Page) -> str:
+    first, last = page.first_row, page.last_row
     assert first is not None and last is not None
-    return batch_id_for_range(poller.name, fingerprint, first.position, last.position, len(rows))
+    return batch_id_for_range(poller.name, fingerprint, first.position, last.position, len(page))
 
 
 def to_batch(poller: PollerConfig, fingerprint: str, rows: Sequence[SourceRow]) -> Batch:
@@ -87,7 +86,7 @@ def to_batch(poller: PollerConfig, fingerprint: str, rows: Sequence[SourceRow]) 
     ids = EventIds(poller.name, fingerprint)
     return Batch(
         poller=poller.name,
-        batch_id=_range_id(poller, fingerprint, rows),
+        batch_id=_range_id(poller, fingerprint, Page(rows)),
         source_fingerprint=fingerprint,
         events=tuple(to_event(poller, fingerprint, row, ids) for row in rows),
     )

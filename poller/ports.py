@@ -119,15 +119,20 @@ class Page:
 
     @property
     def first_row(self) -> SourceRow | None:
-        if not len(self):
-            return None
-        return self._rows[0] if self._rows is not None else self._make_row(self._tuples[0])  # type: ignore[index, misc]
+        return self._row_at(0) if len(self) else None
 
     @property
     def last_row(self) -> SourceRow | None:
         if self._last_row is None and len(self):
-            self._last_row = self._rows[-1] if self._rows is not None else self._make_row(self._tuples[-1])  # type: ignore[index, misc]
+            self._last_row = self._row_at(-1)
         return self._last_row
+
+    def _row_at(self, index: int) -> SourceRow:
+        """One row, without building the others."""
+        if self._rows is not None:
+            return self._rows[index]
+        assert self._tuples is not None and self._make_row is not None
+        return self._make_row(self._tuples[index])
 
     @property
     def last(self) -> Position | None:

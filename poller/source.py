@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -359,7 +359,7 @@ class SqlSource:
 
     def _rows(
         self, conn: sa.Connection, r: _Resolved, plan: _Plan, after: Position | None, limit: int
-    ) -> tuple[list[Any], Callable[[Any], SourceRow]]:
+    ) -> tuple[Sequence[Any], Callable[[Any], SourceRow]]:
         """Run the page's SELECT; return its tuples and the builder of one :class:`SourceRow`.
 
         Rows are built lazily (see :class:`~poller.ports.Page`): catching up costs one query and
@@ -371,7 +371,7 @@ class SqlSource:
         else:
             result = conn.execute(plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)})
         keys = list(result.keys())
-        tuples = list(result.all())  # one fetchall: per-row fetchone costs as much as the query
+        tuples = result.all()  # one fetchall: per-row fetchone costs as much as the query
         cursor, pk_names, soft, raw_extra = cfg.cursor, cfg.pk, cfg.soft_delete_column, r.raw_extra
         # The event carries the typed value; the position keeps what the database compares.
         convert = plan.kind.converter(cursor) if plan.kind.kind in ("naive", "text_datetime", "text_date") else None

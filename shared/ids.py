@@ -7,7 +7,7 @@ same ids, and Service Bus duplicate detection (which compares message ids) drops
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -17,7 +17,6 @@ from shared.models import CursorValue, Position
 
 __all__ = [
     "EventIds",
-    "batch_id_for",
     "batch_id_for_range",
     "event_id_for",
     "idempotency_key",
@@ -62,11 +61,6 @@ class EventIds:
 def event_id_for(poller: str, fingerprint: str, pk: Mapping[str, Any], cursor: CursorValue) -> str:
     """Stable id of one row state: the same row at the same cursor always gets the same id."""
     return EventIds(poller, fingerprint)(pk, cursor)
-
-
-def batch_id_for(poller: str, fingerprint: str, event_ids: Sequence[str]) -> str:
-    """Id of one fetched page; identical pages get identical ids."""
-    return "batch-" + _digest("batch", poller, fingerprint, list(event_ids))[:32]
 
 
 def batch_id_for_range(poller: str, fingerprint: str, first: Position, last: Position, count: int) -> str:
