@@ -15,8 +15,12 @@ __all__ = ["LazyEvents", "page_batch", "to_batch", "to_event"]
 
 def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventIds | None = None) -> RowChange:
     """One row → one event. The id is a pure function of (poller, fingerprint, pk, cursor)."""
-    cursor = row.values.get(poller.cursor, row.position.cursor)
-    pk = row.position.pk
+    fields = row.event
+    if fields is None:  # keyset polling: the pk columns and the cursor column's typed value
+        cursor = row.values.get(poller.cursor, row.position.cursor)
+        pk = row.position.pk
+    else:
+        cursor, pk = fields.cursor, fields.pk
     event_id = ids(pk, cursor) if ids is not None else event_id_for(poller.name, fingerprint, pk, cursor)
     return RowChange(
         event_id=event_id,
@@ -25,7 +29,8 @@ def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventI
         cursor=cursor,
         after=row.values,  # the source builds a fresh dict per row; nobody mutates it
         poller=poller.name,
-        before=None,
+        before=fields.before if fields is not None else None,
+        change=fields.change if fields is not None else None,
     )
 
 

@@ -7,14 +7,14 @@ rejects a stale ETag exactly like the blob one), and contract tests run against 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.models import Batch, Checkpoint, CursorValue, Position, StateDoc
 
-__all__ = ["Page", "Sink", "Snapshot", "Source", "SourceRow", "StateStore"]
+__all__ = ["EventFields", "Page", "Sink", "Snapshot", "Source", "SourceRow", "StateStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +64,28 @@ class StateStore(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class EventFields:
+    """A change-log row's event fields, when they are not the keyset's (pk columns, cursor column).
+
+    An outbox row or a decoded WAL change knows which entity changed (``pk``), where it sits in
+    the log (``cursor``: part of the event id, so it must identify the change), and the precise
+    change (the envelope's optional ``change``); the row's ``values`` are the event's ``after``.
+    """
+
+    pk: Mapping[str, Any]
+    cursor: CursorValue
+    change: str | None = None
+    before: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SourceRow:
-    """One row as fetched: its keyset position, and its column values."""
+    """One row as fetched: its keyset position, and its column values (the event's ``after``)."""
 
     position: Position
     values: dict[str, Any]
     deleted: bool = False
+    event: EventFields | None = None  # set by change-log sources; None: pk and cursor from the keyset
 
     @property
     def cursor(self) -> CursorValue:

@@ -348,6 +348,8 @@ def encode_event(event: RowChange) -> dict[str, Any]:
             types["after"] = after_tags
     if types:
         out["types"] = types
+    if event.change is not None:  # optional: absent for cursor polling, so its bodies are unchanged
+        out["change"] = event.change
     return out
 
 
@@ -379,6 +381,9 @@ def decode_event(raw: Any, poller: str) -> RowChange:
     after = raw.get("after")
     if after is not None and not isinstance(after, dict):
         raise EnvelopeError("event after must be an object or null")
+    change = raw.get("change")
+    if change is not None and not isinstance(change, str):
+        raise EnvelopeError("event change must be a string when present")
     try:
         return RowChange(
             event_id=raw["event_id"],
@@ -387,6 +392,7 @@ def decode_event(raw: Any, poller: str) -> RowChange:
             cursor=_decode_cursor(raw["cursor"], types.get("cursor")),
             after=None if after is None else _decode_map(after, types.get("after") or {}),
             poller=poller,
+            change=change,
         )
     except SerializationError as exc:
         raise EnvelopeError(f"event {raw['event_id']}: {exc}") from exc

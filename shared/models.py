@@ -98,6 +98,9 @@ class RowChange:
     ``event_id`` is stable across every redelivery and replay of the same row state (a hash of
     poller, source fingerprint, pk and cursor), so handlers can de-duplicate on it.
     ``before`` is always None for cursor polling (the previous state is not known).
+    ``change`` is the precise change when the source knows it (``op`` stays the coarse
+    ``upsert``/``delete``): the outbox row's ``type`` for an outbox source, ``insert``/``update``/
+    ``delete`` for a change-log source; None for cursor polling.
     """
 
     event_id: str
@@ -108,6 +111,7 @@ class RowChange:
     poller: str
     before: Mapping[str, Any] | None = None
     source: Mapping[str, Any] = field(default_factory=dict)
+    change: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

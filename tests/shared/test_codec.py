@@ -107,6 +107,14 @@ def test_batch_envelope_round_trips(cursor: object, pk: dict[str, object], after
     assert again.after is not None and all(_same(v, again.after[k]) for k, v in after.items())
 
 
+@pytest.mark.parametrize("change", [None, "insert", "order.shipped"])
+def test_the_optional_change_field_round_trips_and_is_absent_when_unset(change: str | None) -> None:
+    event = RowChange("ev-1", "upsert", {"id": 1}, 1, {"id": 1}, "orders", change=change)
+    body = codec.encode_batch(Batch("orders", "batch-1", "sha256:x", (event,)))
+    assert ("change" in codec.loads(body)["events"][0]) is (change is not None)
+    assert codec.decode_batch(body).events[0].change == change
+
+
 @pytest.mark.parametrize(
     ("body", "why"),
     [
@@ -120,6 +128,11 @@ def test_batch_envelope_round_trips(cursor: object, pk: dict[str, object], after
             b'{"schema": "dbfanout.batch/1", "poller": "p", "batch_id": "b", "source_fingerprint": "f", '
             b'"events": [{"event_id": "e", "op": "merge", "pk": {}, "cursor": 1}]}',
             "upsert or delete",
+        ),
+        (
+            b'{"schema": "dbfanout.batch/1", "poller": "p", "batch_id": "b", "source_fingerprint": "f", '
+            b'"events": [{"event_id": "e", "op": "upsert", "pk": {}, "cursor": 1, "change": 7}]}',
+            "change must be a string",
         ),
     ],
 )

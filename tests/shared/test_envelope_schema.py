@@ -42,6 +42,7 @@ def test_every_body_the_poller_sends_validates(after: dict[str, object], delete:
         RowChange(
             "ev-2", "upsert", {"a": uuid.uuid4(), "b": 2}, (Decimal("1.5"), 3), {CLAIM_KEY: {"blob": "x"}}, "orders"
         ),
+        RowChange("ev-3", "delete", {"aggregate": "42"}, 7, None, "orders", change="order.deleted"),
     )
     for message in pack_batch(Batch("orders", "batch-1", FP, events), 256 * 1024):
         jsonschema.validate(loads(message.body), SCHEMA)
