@@ -36,6 +36,9 @@ _HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 Transport = Literal["servicebus", "storage-queue"]
 NullCursorPolicy = Literal["skip", "fail"]
 OversizePolicy = Literal["error", "claim-check"]
+SourceKind = Literal["keyset", "outbox"]
+#: Keys that only mean something to a keyset (table/query) poller.
+_KEYSET_ONLY = ("query", "cursor", "pk", "soft_delete_column", "xid_column", "filter", "null_cursor", "cursor_timezone")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,11 @@ class PollerConfig:
     # Batches sent ahead of the last landed checkpoint write (group commit); 1 = commit each batch
     # before the next is fetched, the brief's strict order. Duplicates after a crash: at most this many.
     max_uncommitted_batches: int = 16
+    # Where changes come from: "keyset" (a table or query read in cursor order, the default) or
+    # "outbox" (an outbox table the application writes, see shared.outbox; cursor and pk are its own).
+    kind: SourceKind = "keyset"
+    # outbox: delete rows this long after a landed checkpoint covered them (None: never prune).
+    outbox_retention_seconds: float | None = None
 
     @property
     def time_budget_seconds(self) -> float:
@@ -243,6 +251,11 @@ def _poller(name: str, raw: Any, settings: Settings) -> PollerConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError(prefix, "must be a table")
     _reject_unknown(raw, prefix, set(PollerConfig.__dataclass_fields__) - {"name"})
+    kind = _choice(raw, prefix, "kind", "keyset", ("keyset", "outbox"))
+    if kind == "outbox":
+        raw = _outbox_defaults(raw, prefix)
+    elif "outbox_retention_seconds" in raw:
+        raise ConfigError(f"{prefix}.outbox_retention_seconds", 'applies to kind = "outbox" only')
     table, query = raw.get("table"), raw.get("query")
     if (table is None) == (query is None):
         raise ConfigError(f"{prefix}.table", "set exactly one of table or query")
@@ -298,4 +311,20 @@ def _poller(name: str, raw: Any, settings: Settings) -> PollerConfig:
         use_monitor=bool(raw.get("use_monitor", True)),
         sessions=bool(raw.get("sessions", False)),
         max_uncommitted_batches=_int(raw, prefix, "max_uncommitted_batches", 16, 1, 64),
+        kind=kind,
+        outbox_retention_seconds=_num(raw, prefix, "outbox_retention_seconds", None, 0.0),
     )
+
+
+def _outbox_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """An outbox poller names its table only: the order and the event's key come from the outbox."""
+    given = [k for k in _KEYSET_ONLY if k in raw]
+    if given:
+        raise ConfigError(
+            f"{prefix}.{given[0]}",
+            'does not apply to kind = "outbox" (the outbox table fixes the order and the event key)',
+            hint='keep table = "<outbox table>" and remove the keyset keys',
+        )
+    if raw.get("table") is None:
+        raise ConfigError(f"{prefix}.table", 'kind = "outbox" needs the outbox table', hint='table = "dbfanout_outbox"')
+    return {**raw, "cursor": "id", "pk": ["id"]}

@@ -82,3 +82,35 @@ def test_missing_secret_setting_names_the_setting() -> None:
 def test_missing_file_says_where_it_looked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(app_root=tmp_path, settings={})
+
+
+OUTBOX = {"source_url": "sqlite://", "kind": "outbox", "table": "dbfanout_outbox", "queue": "changes"}
+
+
+def test_an_outbox_poller_needs_only_its_table() -> None:
+    data = {"app": {"name": "shop"}, "pollers": {"changes": {**OUTBOX, "outbox_retention_seconds": 3600}}}
+    poller = parse_config(data, {}).poller("changes")
+    assert (poller.kind, poller.table, poller.cursor, poller.pk) == ("outbox", "dbfanout_outbox", "id", ("id",))
+    assert poller.outbox_retention_seconds == 3600.0
+    assert parse_config(_data(), {"ORDERS_DB_URL": "sqlite://"}).poller("orders").kind == "keyset"
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"cursor": "id"}, "pollers.changes.cursor"),
+        ({"query": "SELECT 1"}, "pollers.changes.query"),
+        ({"table": None}, "pollers.changes.table"),
+        ({"kind": "cdc"}, "pollers.changes.kind"),
+        ({"outbox_retention_seconds": -1}, "pollers.changes.outbox_retention_seconds"),
+        (
+            {"kind": "keyset", "cursor": "c", "pk": "id", "outbox_retention_seconds": 60},
+            "pollers.changes.outbox_retention_seconds",
+        ),
+    ],
+)
+def test_outbox_mistakes_name_their_key(changes: dict[str, object], key: str) -> None:
+    raw = {k: v for k, v in {**OUTBOX, **changes}.items() if v is not None}
+    with pytest.raises(ConfigError) as info:
+        parse_config({"app": {"name": "shop"}, "pollers": {"changes": raw}}, {})
+    assert info.value.key == key
