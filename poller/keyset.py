@@ -3,7 +3,7 @@
 **Cursor kinds.** The kind is decided from the first non-NULL cursor value the database returns
 (so table and query mode agree) and fixes three things: what the checkpoint stores (exactly what
 the database compares, so re-binding it after a restart seeks to the same place), what the event
-carries (a typed, tz-aware value), and which settle window applies (:mod:`poller.settle`).
+carries (a typed, tz-aware value), and which settle window applies (:mod:`poller.late_commits`).
 
 ================  ==============================  ==============================================
 kind              checkpoint (``Position.cursor``)  event value (``values[cursor]``)

@@ -100,7 +100,7 @@ class Page:
     once, on first access, by whoever reads them (the sink).
     """
 
-    __slots__ = ("_last_row", "_make_row", "_rows", "_tuples", "notes", "skipped_null_cursors")
+    __slots__ = ("_last_row", "_make_row", "_rows", "_tuples", "skipped_null_cursors")
 
     def __init__(
         self,
@@ -109,7 +109,6 @@ class Page:
         tuples: Sequence[Any] | None = None,
         make_row: Callable[[Any], SourceRow] | None = None,
         skipped_null_cursors: int = 0,
-        notes: dict[str, Any] | None = None,
     ) -> None:
         if (rows is None) == (tuples is None) or (tuples is not None and make_row is None):
             raise ValueError("Page needs either rows, or tuples with make_row")
@@ -118,7 +117,6 @@ class Page:
         self._make_row = make_row
         self._last_row: SourceRow | None = None
         self.skipped_null_cursors = skipped_null_cursors
-        self.notes: dict[str, Any] = notes if notes is not None else {}
 
     def __len__(self) -> int:
         return len(self._rows if self._rows is not None else self._tuples)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 ``SqlSource(config).fetch(after, limit)`` returns the rows strictly after ``after``, oldest first,
 that the database considers settled. Everything is evaluated by the database: the order, the seek
-predicate (:mod:`poller.keyset`), the settle window and the xid horizon (:mod:`poller.settle`).
+predicate (:mod:`poller.keyset`), the settle window and the xid horizon (:mod:`poller.late_commits`).
 
 Lifecycle: the constructor only checks the configuration (no connection). The first ``fetch``
 resolves the source (reflects the table, or checks the query's output columns), finds the cursor's
@@ -44,8 +44,8 @@ from poller.keyset import (
     predicate_style,
     sqlite_declared_kind,
 )
+from poller.late_commits import mysql_timezone_probe, settle_predicate, xid_horizon
 from poller.ports import Page, SourceRow
-from poller.settle import mysql_timezone_probe, settle_predicate, xid_horizon
 from shared.config import PollerConfig
 from shared.errors import ConfigError, CursorError
 from shared.ids import source_fingerprint
@@ -160,13 +160,8 @@ class SqlSource:
         resolved = self._resolve(conn)
         plan = self._plan or self._make_plan(conn, resolved)
         tuples, make_row = self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row)
-        checked = self._check_nulls(conn, resolved, short=len(tuples) < limit)
-        return Page(
-            tuples=tuples,
-            make_row=make_row,
-            skipped_null_cursors=self._null_count,
-            notes={"null_cursor_checked": checked},
-        )
+        self._check_nulls(conn, resolved, short=len(tuples) < limit)
+        return Page(tuples=tuples, make_row=make_row, skipped_null_cursors=self._null_count)
 
     def close(self) -> None:
         """Nothing to release: the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
@@ -410,11 +405,11 @@ class SqlSource:
         params.update({f"k{i}": after.pk[p] for i, p in enumerate(self._config.pk, start=1)})
         return params
 
-    def _check_nulls(self, conn: sa.Connection, r: _Resolved, *, short: bool) -> bool:
+    def _check_nulls(self, conn: sa.Connection, r: _Resolved, *, short: bool) -> None:
         now = time.monotonic()
         due = self._null_checked_at is None or (short and now - self._null_checked_at >= self.NULL_CHECK_SECONDS)
         if not due:
-            return False
+            return
         query = sa.select(sa.func.count()).select_from(r.from_).where(r.cursor.is_(None))
         if r.filter is not None:
             query = query.where(r.filter)
@@ -433,7 +428,6 @@ class SqlSource:
                 self._config.name, self._null_count, self._config.cursor,
                 extra=ids(poller=self._config.name, skipped_null_cursors=self._null_count),
             )  # fmt: skip
-        return True
 
     # ------------------------------------------------------------------------------ errors & logs
 

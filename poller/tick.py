@@ -30,9 +30,9 @@ from poller.events import page_batch
 from poller.lease import LeaseKeeper
 from poller.ports import Page, Sink, Source, StateStore
 from shared.config import PollerConfig
-from shared.errors import CommitAmbiguousError, CommitError, FingerprintMismatchError, LostLeaseError
+from shared.errors import CommitAmbiguousError, CommitError, LostLeaseError
 from shared.logs import get_logger, ids
-from shared.models import Batch, Checkpoint, StateDoc
+from shared.models import Batch, Checkpoint
 from shared.telemetry import metrics
 
 __all__ = ["TickResult", "default_owner_id", "run_tick"]
@@ -52,10 +52,6 @@ class TickResult:
     batches: int = 0
     fencing_token: int | None = None
     skipped_null_cursors: int = 0
-
-    @property
-    def ran(self) -> bool:
-        return self.stop_reason not in ("lease_held",)
 
 
 def default_owner_id() -> str:
@@ -89,7 +85,6 @@ def run_tick(
         return TickResult(poller.name, "lease_held")
     keeper = LeaseKeeper(store, snap, ttl, clock=clock)
     try:
-        _verify_fingerprint(snap.doc, fingerprint)
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
@@ -102,14 +97,6 @@ def run_tick(
         return TickResult(poller.name, "lease_lost", fencing_token=keeper.fencing_token)
     finally:
         keeper.release()  # best effort: never raises; makes the lease immediately re-acquirable
-
-
-def _verify_fingerprint(doc: StateDoc, fingerprint: str) -> None:
-    if doc.source_fingerprint != fingerprint:
-        raise FingerprintMismatchError(
-            f"poller {doc.poller_name}: the checkpoint was written for source {doc.source_fingerprint} "
-            f"but the configured source is {fingerprint}; refusing to run"
-        )
 
 
 def _drain(

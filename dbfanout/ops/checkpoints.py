@@ -26,7 +26,7 @@ from azure.core.exceptions import ResourceExistsError
 from poller.lease import default_skew_margin
 from poller.ports import Snapshot
 from poller.state_blob import BlobStateStore, blob_errors
-from shared.codec import decode_position, dumps, encode_position, encode_state, loads
+from shared.codec import decode_position, dumps, encode_state, loads
 from shared.errors import DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Lease, Position, StateDoc
@@ -249,8 +249,3 @@ def operator_id() -> str:
     except (OSError, KeyError):
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
-
-
-def position_json(position: Position | None) -> Any:
-    """A position for display: value, tiebreaker and kind as the blob stores them."""
-    return encode_position(position)
