@@ -5,9 +5,35 @@ One timer per poller (``poll_<poller>``) and one Service Bus trigger per queue
 Importing this module reads the config and opens no connection.
 """
 
+# ruff: noqa: E402  -- the app's imports must follow _own_packages_first()
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+APP_ROOT = Path(__file__).resolve().parent
+
+
+def _own_packages_first() -> None:
+    """Make ``poller``, ``worker`` and ``shared`` resolve to this folder's packages in every launch mode.
+
+    Core Tools starts the platform's Python worker as ``<workers>/python/3.x/.../worker.py``, so that
+    folder (holding a plain module ``worker``) is ``sys.path[0]``; in placeholder mode (Flex / Linux
+    Consumption cold start) the app folder is only appended after it. Putting this folder first makes
+    both look like the warm ``python -m azure_functions_worker`` start, where the app folder (the
+    working directory) already is ``sys.path[0]``.
+    """
+    root = str(APP_ROOT)
+    if sys.path[:1] != [root]:
+        while root in sys.path:
+            sys.path.remove(root)
+        sys.path.insert(0, root)
+    loaded = sys.modules.get("worker")
+    if loaded is not None and not hasattr(loaded, "__path__"):
+        del sys.modules["worker"]  # a plain module (the platform's launcher), not our package
+
+
+_own_packages_first()
 
 import azure.functions as func
 
@@ -16,8 +42,6 @@ from poller.runtime import Runtimes
 from shared.config import load_config
 from shared.settings import load_settings
 from worker.functions import WorkerApp, worker_blueprint
-
-APP_ROOT = Path(__file__).resolve().parent
 
 app = func.FunctionApp()
 config = load_config(app_root=APP_ROOT, settings=load_settings(APP_ROOT))

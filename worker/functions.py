@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -166,8 +167,10 @@ def _one(app: WorkerApp, queue: str) -> Callable[[func.ServiceBusMessage], None]
     return work
 
 
-def _many(app: WorkerApp, queue: str) -> Callable[[list[func.ServiceBusMessage]], None]:
-    def work(msg: list[func.ServiceBusMessage]) -> None:
+# The Python worker accepts typing.List[...] on a binding but rejects PEP 585 list[...] ("invalid
+# non-type annotation"), and one function that fails to load unindexes the whole app.
+def _many(app: WorkerApp, queue: str) -> Callable[[typing.List[func.ServiceBusMessage]], None]:  # noqa: UP006
+    def work(msg: typing.List[func.ServiceBusMessage]) -> None:  # noqa: UP006
         # Handle every message; fail the invocation (all are redelivered) if any failed.
         errors: list[Exception] = []
         for one in msg:
