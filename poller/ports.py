@@ -153,6 +153,16 @@ class Page:
         row = self.last_row
         return row.position if row is not None else None
 
+    def mapped(self, convert: Callable[[SourceRow], SourceRow]) -> Page:
+        """This page with every row passed through ``convert`` (still built lazily, on access)."""
+        if self._rows is not None:
+            return Page([convert(r) for r in self._rows], skipped_null_cursors=self.skipped_null_cursors)
+        make = self._make_row
+        assert make is not None
+        return Page(
+            tuples=self._tuples, make_row=lambda t: convert(make(t)), skipped_null_cursors=self.skipped_null_cursors
+        )
+
 
 class Source(Protocol):
     """A database table or query read in keyset order."""
@@ -172,6 +182,15 @@ class Source(Protocol):
 
     def pinned(self) -> AbstractContextManager[None]:
         """Within it, this thread's fetches may reuse one connection (a tick's pages)."""
+        ...
+
+    def acknowledge(self, checkpoint: Checkpoint) -> None:
+        """``checkpoint`` landed (a committed state write): housekeeping it allows may run now.
+
+        Called once at the end of a tick that holds a checkpoint, never before the write
+        landed. The outbox prunes rows it covers; a slot-based source would advance its slot.
+        Best effort: an error is logged by the tick and does not fail it.
+        """
         ...
 
     def close(self) -> None: ...

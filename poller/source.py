@@ -50,7 +50,7 @@ from shared.config import PollerConfig
 from shared.errors import ConfigError, CursorError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
-from shared.models import Position
+from shared.models import Checkpoint, Position
 from shared.settings import redact_url
 
 __all__ = ["SqlSource"]
@@ -163,6 +163,9 @@ class SqlSource:
         self._check_nulls(conn, resolved, short=len(tuples) < limit)
         return Page(tuples=tuples, make_row=make_row, skipped_null_cursors=self._null_count)
 
+    def acknowledge(self, checkpoint: Checkpoint) -> None:
+        """Nothing to do: a table or query keeps no log to trim."""
+
     def close(self) -> None:
         """Nothing to release: the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
 
@@ -242,7 +245,7 @@ class SqlSource:
                 f"{self._key}.table", f"table {self._config.table!r} does not exist in {self._url}"
             ) from None
         self._check_columns([c.name for c in table.columns], f"table {self._config.table!r}")
-        self._index_warning = index_gap(conn, table, [self._config.cursor, *self._config.pk])
+        self._index_warning = index_gap(conn, table, list(dict.fromkeys([self._config.cursor, *self._config.pk])))
         if self._index_warning:
             log.warning(self._index_warning, extra=ids(poller=self._config.name))
         column = table.c[self._config.cursor]

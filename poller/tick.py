@@ -88,7 +88,9 @@ def run_tick(
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
-            return _drain(poller, source, sink, keeper, fingerprint, clock, monotonic)
+            result = _drain(poller, source, sink, keeper, fingerprint, clock, monotonic)
+        _acknowledge(source, keeper.checkpoint, poller.name)
+        return result
     except LostLeaseError:
         log.warning(
             "lease lost mid-tick; the new owner re-sends the batch",
@@ -97,6 +99,17 @@ def run_tick(
         return TickResult(poller.name, "lease_lost", fencing_token=keeper.fencing_token)
     finally:
         keeper.release()  # best effort: never raises; makes the lease immediately re-acquirable
+
+
+def _acknowledge(source: Source, checkpoint: Checkpoint, poller: str) -> None:
+    """Tell the source what landed (it may prune or advance); its failure never fails the tick."""
+    if checkpoint.position is None:
+        return
+    try:
+        with _stage("acknowledge", poller):
+            source.acknowledge(checkpoint)
+    except Exception as exc:
+        log.warning("source housekeeping after the commit failed: %r", exc, extra=ids(poller=poller))
 
 
 def _drain(
