@@ -50,9 +50,9 @@ class PollerRuntime:
     @property
     def source(self) -> Source:
         if self._source is None:
-            from poller.source import SqlSource  # SQLAlchemy reflection happens here, not at import
+            from poller.sources import open_source  # SQLAlchemy reflection happens here, not at import
 
-            self._source = SqlSource(self.poller)
+            self._source = open_source(self.poller)
         return self._source
 
     @property

@@ -25,7 +25,7 @@ from dbfanout.commands.common import (
 from dbfanout.ops import checkpoints as ops
 from dbfanout.ops.context import open_store, template_position
 from dbfanout.ops.literals import LiteralError, parse_position
-from poller.source import SqlSource
+from poller.sources import open_source
 from shared.codec import dumps, encode_position, loads
 from shared.config import Config
 from shared.errors import SerializationError
@@ -136,7 +136,7 @@ def reset_command(
                 store,
                 kind=kind,
                 position=position,
-                current_fingerprint=SqlSource(pcfg).fingerprint,
+                current_fingerprint=open_source(pcfg).fingerprint,
                 file_fingerprint=file_fp,
                 accept_fingerprint=accept_fingerprint,
                 force=force,

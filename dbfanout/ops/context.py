@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from poller.source import SqlSource
+from poller.sources import open_source
 from poller.state_blob import BlobStateStore, open_state_store
 from shared.config import Config
 from shared.errors import ConfigError
@@ -27,7 +27,7 @@ def open_store(config: Config, poller: str, *, check_name: bool = False) -> Blob
 def template_position(config: Config, poller: str) -> Position | None:
     """A position with the types the poller stores: the source's first row, else the checkpoint."""
     cfg = config.poller(poller)
-    source = SqlSource(cfg)
+    source = open_source(cfg)
     try:
         page = source.fetch(None, 1)
     finally:

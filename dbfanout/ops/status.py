@@ -16,7 +16,7 @@ from dbfanout.ops.bus import is_emulator, peek_all
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
 from poller.engines import make_engine
-from poller.source import SqlSource
+from poller.sources import open_source
 from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
 from shared.errors import DbFanoutError
@@ -56,7 +56,7 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     """One poller's state as a JSON-ready dict."""
     cfg = config.poller(name)
     out: dict[str, Any] = {"poller": name, "queue": cfg.queue}
-    source = SqlSource(cfg)
+    source = open_source(cfg)
     position = None
     try:
         snap = open_store(config, name).load()

@@ -17,7 +17,7 @@ from azure.servicebus import ServiceBusClient
 from dbfanout.ops.bus import is_emulator, queue_exists
 from dbfanout.ops.context import open_store
 from poller.events import to_batch
-from poller.source import SqlSource
+from poller.sources import open_source
 from shared.config import Config, PollerConfig
 from shared.errors import DbFanoutError, OversizeRowError
 from shared.messages import pack_batch
@@ -67,7 +67,7 @@ def needed_window_seconds(cfg: PollerConfig) -> float:
 
 def _source_checks(cfg: PollerConfig) -> Iterator[Check]:
     p = cfg.name
-    source = SqlSource(cfg)
+    source = open_source(cfg)
     try:
         info = source.describe()
         page = source.fetch(None, SAMPLE_ROWS)
@@ -122,7 +122,7 @@ def _state_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
         return
     if snap is None:
         yield Check(cfg.name, "state", "ok", "no state blob yet: the first tick starts from the beginning")
-    elif snap.doc.source_fingerprint != SqlSource(cfg).fingerprint:
+    elif snap.doc.source_fingerprint != open_source(cfg).fingerprint:
         yield Check(
             cfg.name,
             "fingerprint",

@@ -1,0 +1,18 @@
+"""Which :class:`~poller.ports.Source` a poller reads, from its ``kind``."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from poller.outbox import OutboxSource
+from poller.source import SqlSource
+from shared.config import PollerConfig
+
+__all__ = ["open_source"]
+
+
+def open_source(config: PollerConfig, engine: sa.Engine | None = None) -> SqlSource | OutboxSource:
+    """The poller's source (no connection yet: the first fetch resolves it)."""
+    if config.kind == "outbox":
+        return OutboxSource(config, engine)
+    return SqlSource(config, engine)
