@@ -36,8 +36,8 @@ import sqlalchemy as sa
 
 from poller.engines import db_errors, make_engine
 from poller.keyset import CursorKind
+from poller.late_commits import settle_predicate
 from poller.ports import EventFields, Page, SourceRow
-from poller.settle import settle_predicate
 from poller.source import SqlSource
 from shared.config import PollerConfig
 from shared.errors import ConfigError, SourceError
