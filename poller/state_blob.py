@@ -28,17 +28,9 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.identity import DefaultAzureCredential
 from azure.storage.blob import BlobClient, BlobServiceClient, ContainerClient, ContentSettings, LinearRetry
 
-from poller.lease import (
-    Clock,
-    acquired,
-    check_poller_name,
-    committed,
-    default_skew_margin,
-    heartbeated,
-    released,
-    utcnow,
-)
+from poller.lease import Clock, utcnow
 from poller.ports import Snapshot
+from poller.state_store import ConditionalStateStore, WriteOp
 from shared.codec import decode_state, encode_state
 from shared.errors import (
     CommitAmbiguousError,
@@ -49,8 +41,7 @@ from shared.errors import (
     StateError,
     StateUnavailableError,
 )
-from shared.logs import get_logger, ids
-from shared.models import Checkpoint, StateDoc
+from shared.models import StateDoc
 from shared.settings import StorageConnection, redact_url
 
 __all__ = [
@@ -61,8 +52,6 @@ __all__ = [
     "open_state_store",
     "state_blob_name",
 ]
-
-log = get_logger("poller.state")
 
 DEFAULT_CONTAINER = "db-state"
 DEFAULT_REQUEST_TIMEOUT = 10.0
@@ -136,7 +125,7 @@ def _mapped(op: str, window: str | None, exc: AzureError) -> DbFanoutError:
     return StateUnavailableError(f"{op}: state storage unreachable or refused the request{landed} ({what})")
 
 
-class BlobStateStore:
+class BlobStateStore(ConditionalStateStore):
     """The StateStore port on one blob: ``state/{app_name}/{poller_name}.json`` in a container."""
 
     def __init__(
@@ -149,13 +138,11 @@ class BlobStateStore:
         skew_margin: dt.timedelta | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
-        self.poller_name = poller_name
+        super().__init__(poller_name, clock=clock, skew_margin=skew_margin)
         self.app_name = app_name
         self.blob_name = state_blob_name(app_name, poller_name)
         self._container = container_client
         self._blob = container_client.get_blob_client(self.blob_name)
-        self._clock = clock
-        self._skew_margin = skew_margin
         self._read_opts: dict[str, Any] = {"connection_timeout": request_timeout, "read_timeout": request_timeout}
         # One request per mutation: never let the SDK resend a conditional write.
         self._write_opts: dict[str, Any] = {**self._read_opts, "retry_total": 0}
@@ -181,34 +168,7 @@ class BlobStateStore:
             etag = downloader.properties.etag
         return Snapshot(decode_state(data), etag)  # StateFormatError propagates: never overwrite it
 
-    def try_acquire(self, owner_id: str, ttl: dt.timedelta, fingerprint: str) -> Snapshot | None:
-        snap = self.load()
-        now = self._clock()
-        skew = self._skew_margin if self._skew_margin is not None else default_skew_margin(ttl)
-        doc = acquired(snap.doc if snap else None, self.poller_name, owner_id, ttl, fingerprint, now, skew)
-        if doc is None:
-            log.debug("lease held by another owner", extra=ids(poller=self.poller_name, owner=owner_id))
-            return None
-        try:
-            return self._put("acquire", doc, snap.etag if snap else None)
-        except LostLeaseError:
-            log.debug("lost the race for the lease", extra=ids(poller=self.poller_name, owner=owner_id))
-            return None
-
-    def heartbeat(self, snap: Snapshot, ttl: dt.timedelta) -> Snapshot:
-        return self._put("heartbeat", heartbeated(snap.doc, ttl, self._clock()), snap.etag)
-
-    def commit(self, snap: Snapshot, checkpoint: Checkpoint, ttl: dt.timedelta | None = None) -> Snapshot:
-        return self._put("commit", committed(snap.doc, checkpoint, ttl, self._clock()), snap.etag)
-
-    def release(self, snap: Snapshot) -> Snapshot:
-        return self._put("release", released(snap.doc, self._clock()), snap.etag)
-
-    def replace(self, snap: Snapshot | None, doc: StateDoc) -> Snapshot:
-        check_poller_name(doc, self.poller_name)
-        return self._put("replace", doc, snap.etag if snap else None)
-
-    def _put(self, op: str, doc: StateDoc, etag: str | None) -> Snapshot:
+    def put(self, op: WriteOp, doc: StateDoc, etag: str | None) -> Snapshot:
         """The one conditional upload: create (If-None-Match: *) or CAS (If-Match: etag)."""
         data = encode_state(doc)
         if etag is None:

@@ -13,25 +13,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from poller.lease import (
-    Clock,
-    acquired,
-    check_poller_name,
-    committed,
-    default_skew_margin,
-    heartbeated,
-    released,
-    utcnow,
-)
+from poller.lease import Clock, utcnow
 from poller.ports import Snapshot
+from poller.state_store import ConditionalStateStore, WriteOp
 from shared.codec import decode_state, encode_state
 from shared.errors import CommitAmbiguousError, CommitError, LostLeaseError, StateUnavailableError
-from shared.logs import get_logger, ids
-from shared.models import Checkpoint, StateDoc
+from shared.models import StateDoc
 
 __all__ = ["CommitFault", "MemoryBlob", "MemoryStateStore"]
-
-log = get_logger("poller.state")
 
 CommitFault = Literal["error", "ambiguous_applied", "ambiguous_lost"]
 
@@ -50,7 +39,7 @@ class MemoryBlob:
         return f'"{self.version}"'
 
 
-class MemoryStateStore:
+class MemoryStateStore(ConditionalStateStore):
     """A StateStore over a :class:`MemoryBlob`; thread-safe."""
 
     def __init__(
@@ -61,10 +50,8 @@ class MemoryStateStore:
         skew_margin: dt.timedelta | None = None,
         blob: MemoryBlob | None = None,
     ) -> None:
-        self.poller_name = poller_name
+        super().__init__(poller_name, clock=clock, skew_margin=skew_margin)
         self.blob = blob if blob is not None else MemoryBlob()
-        self._clock = clock
-        self._skew_margin = skew_margin
         self._commit_faults: list[CommitFault] = []
         self.unavailable = False  # True: every call raises StateUnavailableError (storage down)
 
@@ -100,41 +87,16 @@ class MemoryStateStore:
                 return None
             return Snapshot(decode_state(self.blob.data), self.blob.etag)
 
-    def try_acquire(self, owner_id: str, ttl: dt.timedelta, fingerprint: str) -> Snapshot | None:
-        snap = self.load()
-        now = self._clock()
-        skew = self._skew_margin if self._skew_margin is not None else default_skew_margin(ttl)
-        doc = acquired(snap.doc if snap else None, self.poller_name, owner_id, ttl, fingerprint, now, skew)
-        if doc is None:
-            log.debug("lease held by another owner", extra=ids(poller=self.poller_name, owner=owner_id))
-            return None
-        try:
-            return self._write("acquire", snap.etag if snap else None, doc)
-        except LostLeaseError:
-            log.debug("lost the race for the lease", extra=ids(poller=self.poller_name, owner=owner_id))
-            return None
-
-    def heartbeat(self, snap: Snapshot, ttl: dt.timedelta) -> Snapshot:
-        return self._write("heartbeat", snap.etag, heartbeated(snap.doc, ttl, self._clock()))
-
-    def commit(self, snap: Snapshot, checkpoint: Checkpoint, ttl: dt.timedelta | None = None) -> Snapshot:
-        doc = committed(snap.doc, checkpoint, ttl, self._clock())
-        fault = self._commit_faults.pop(0) if self._commit_faults else None
+    def put(self, op: WriteOp, doc: StateDoc, etag: str | None) -> Snapshot:
+        fault = self._commit_faults.pop(0) if op == "commit" and self._commit_faults else None
         if fault == "error":
             raise CommitError("commit failed (injected); nothing was written")
         if fault == "ambiguous_lost":
             raise CommitAmbiguousError("commit timed out (injected); nothing was written")
-        new = self._write("commit", snap.etag, doc)
+        new = self._write(op, etag, doc)
         if fault == "ambiguous_applied":
             raise CommitAmbiguousError(f"commit timed out (injected) after landing as {new.etag}")
         return new
-
-    def release(self, snap: Snapshot) -> Snapshot:
-        return self._write("release", snap.etag, released(snap.doc, self._clock()))
-
-    def replace(self, snap: Snapshot | None, doc: StateDoc) -> Snapshot:
-        check_poller_name(doc, self.poller_name)
-        return self._write("replace", snap.etag if snap else None, doc)
 
     # -- internals -----------------------------------------------------------------------------
 
