@@ -44,7 +44,8 @@ from shared.settings import load_settings
 from worker.functions import WorkerApp, worker_blueprint
 
 app = func.FunctionApp()
-config = load_config(app_root=APP_ROOT, settings=load_settings(APP_ROOT))
+# Lenient: a poller whose source_url setting is missing fails its own ticks; the rest still run.
+config = load_config(app_root=APP_ROOT, settings=load_settings(APP_ROOT), lenient_settings=True)
 _runtimes = Runtimes(config)  # built lazily on the first tick / message: indexing opens nothing
 _worker_app = WorkerApp(config, app_root=APP_ROOT)
 app.register_functions(poller_blueprint(config, _runtimes))

@@ -83,6 +83,7 @@ class PollerRuntime:
         return StorageQueueSink(self.poller, StorageQueueSender(queue))
 
     def tick(self) -> TickResult:
+        self.poller.require_settings()  # a poller missing its settings fails here, alone
         with self._lock:
             return run_tick(self.poller, self.source, self.store, self.sink, owner_id=self.owner_id)
 

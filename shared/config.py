@@ -23,6 +23,7 @@ __all__ = [
     "PollerConfig",
     "config_path",
     "load_config",
+    "missing_setting_error",
     "parse_config",
 ]
 
@@ -94,6 +95,15 @@ class PollerConfig:
     kind: SourceKind = "keyset"
     # outbox: delete rows this long after a landed checkpoint covered them (None: never prune).
     outbox_retention_seconds: float | None = None
+    # Not a config key: app settings ``source_url`` names that were not set when the config was
+    # loaded leniently (as function_app.py does, so one poller's missing setting cannot unindex the
+    # app). ``source_url`` is then empty and every tick of this poller fails with require_settings().
+    missing_settings: tuple[str, ...] = ()
+
+    def require_settings(self) -> None:
+        """Raise the :class:`ConfigError` naming a setting ``source_url`` needs but that is not set."""
+        if self.missing_settings:
+            raise missing_setting_error(f"pollers.{self.name}.source_url", self.missing_settings[0])
 
     @property
     def time_budget_seconds(self) -> float:
@@ -136,8 +146,9 @@ def load_config(
     *,
     app_root: Path | None = None,
     settings: Settings | None = None,
+    lenient_settings: bool = False,
 ) -> Config:
-    """Read, expand and validate the config file."""
+    """Read, expand and validate the config file (``lenient_settings``: see :func:`parse_config`)."""
     resolved = dict(settings) if settings is not None else load_settings(app_root)
     path = config_path(resolved, app_root, explicit)
     try:
@@ -152,10 +163,15 @@ def load_config(
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), f"not valid TOML: {exc}") from exc
-    return parse_config(data, resolved, path=path)
+    return parse_config(data, resolved, path=path, lenient_settings=lenient_settings)
 
 
-def parse_config(data: Mapping[str, Any], settings: Settings, *, path: Path | None = None) -> Config:
+def parse_config(
+    data: Mapping[str, Any], settings: Settings, *, path: Path | None = None, lenient_settings: bool = False
+) -> Config:
+    """Validate a parsed config. A ``${NAME}`` in ``source_url`` whose setting is not set raises,
+    unless ``lenient_settings``: then only that poller is marked (``PollerConfig.missing_settings``)
+    and fails its own ticks."""
     app_raw = _table(data, "app")
     unknown = set(data) - {"app", "pollers"}
     if unknown:
@@ -171,7 +187,7 @@ def parse_config(data: Mapping[str, Any], settings: Settings, *, path: Path | No
     pollers_raw = data.get("pollers")
     if not isinstance(pollers_raw, Mapping) or not pollers_raw:
         raise ConfigError("pollers", "no pollers configured", hint="add a [pollers.NAME] table")
-    pollers = {name: _poller(name, raw, settings) for name, raw in pollers_raw.items()}
+    pollers = {name: _poller(name, raw, settings, lenient_settings) for name, raw in pollers_raw.items()}
     return Config(app=app, pollers=pollers, path=path, settings=dict(settings))
 
 
@@ -234,23 +250,28 @@ def expand_refs(value: str, settings: Settings, key: str) -> str:
     def sub(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in settings:
-            raise ConfigError(
-                key,
-                f"references ${{{name}}} but the app setting {name} is not set",
-                hint=f"set {name} in the environment, local.settings.json Values, or the Function App settings",
-            )
+            raise missing_setting_error(key, name)
         return settings[name]
 
     return _REF.sub(sub, value)
 
 
-def _poller(name: str, raw: Any, settings: Settings) -> PollerConfig:
+def missing_setting_error(key: str, name: str) -> ConfigError:
+    """The error for a ``${NAME}`` reference whose app setting is not set."""
+    return ConfigError(
+        key,
+        f"references ${{{name}}} but the app setting {name} is not set",
+        hint=f"set {name} in the environment, local.settings.json Values, or the Function App settings",
+    )
+
+
+def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = False) -> PollerConfig:
     prefix = f"pollers.{name}"
     if not _NAME.match(name):
         raise ConfigError(prefix, "poller names must be letters, digits, '-' or '_' (they name blobs)")
     if not isinstance(raw, Mapping):
         raise ConfigError(prefix, "must be a table")
-    _reject_unknown(raw, prefix, set(PollerConfig.__dataclass_fields__) - {"name"})
+    _reject_unknown(raw, prefix, set(PollerConfig.__dataclass_fields__) - {"name", "missing_settings"})
     kind = _choice(raw, prefix, "kind", "keyset", ("keyset", "outbox"))
     if kind == "outbox":
         raw = _outbox_defaults(raw, prefix)
@@ -283,9 +304,11 @@ def _poller(name: str, raw: Any, settings: Settings) -> PollerConfig:
             hint='e.g. "*/5 * * * * *" for every five seconds, or "%SETTING%"',
         )
     max_bytes = _int(raw, prefix, "max_message_bytes", 256 * 1024, 16 * 1024, 100 * 1024 * 1024)
+    missing = tuple(dict.fromkeys(n for n in _REF.findall(source_url) if n not in settings)) if lenient_settings else ()
     return PollerConfig(
         name=name,
-        source_url=expand_refs(source_url, settings, f"{prefix}.source_url"),
+        source_url="" if missing else expand_refs(source_url, settings, f"{prefix}.source_url"),
+        missing_settings=missing,
         table=_str(raw, prefix, "table", None),
         query=_str(raw, prefix, "query", None),
         cursor=cursor,

@@ -45,10 +45,14 @@ console = Console(stderr=False)
 err_console = Console(stderr=True)
 
 
-def load(config_path: Path | None, app_root: Path | None = None) -> Config:
-    """Settings (environment over local.settings.json) and the config, as the Functions app reads them."""
+def load(config_path: Path | None, app_root: Path | None = None, *, lenient_settings: bool = False) -> Config:
+    """Settings (environment over local.settings.json) and the config, as the Functions app reads them.
+
+    ``lenient_settings``: a poller whose ``source_url`` setting is missing is marked instead of
+    failing the load (``validate`` reports it per poller, as the deployed app fails its ticks).
+    """
     root = app_root or (config_path.resolve().parent if config_path else Path.cwd())
-    return load_config(config_path, app_root=root, settings=load_settings(root))
+    return load_config(config_path, app_root=root, settings=load_settings(root), lenient_settings=lenient_settings)
 
 
 def print_json(doc: Any) -> None:

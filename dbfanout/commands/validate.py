@@ -36,7 +36,7 @@ def validate_command(
 ) -> None:
     """Check that every poller can run safely. Exit 1 when a check fails (warnings do not fail)."""
     with reporting_errors():
-        cfg = load(config)
+        cfg = load(config, lenient_settings=True)
         names = [cfg.poller(poller).name] if poller else sorted(cfg.pollers)
     checks: list[Check] = []
     with ExitStack() as stack:

@@ -19,7 +19,7 @@ from dbfanout.ops.context import open_store
 from poller.events import to_batch
 from poller.sources import open_source
 from shared.config import Config, PollerConfig
-from shared.errors import DbFanoutError, OversizeRowError
+from shared.errors import ConfigError, DbFanoutError, OversizeRowError
 from shared.messages import pack_batch
 
 __all__ = ["Check", "schedule_interval_seconds", "validate_poller"]
@@ -67,6 +67,11 @@ def needed_window_seconds(cfg: PollerConfig) -> float:
 
 def _source_checks(cfg: PollerConfig) -> Iterator[Check]:
     p = cfg.name
+    try:
+        cfg.require_settings()  # the error the deployed poller's ticks would fail with
+    except ConfigError as exc:
+        yield Check(p, "source", "fail", _msg(exc))
+        return
     source = open_source(cfg)
     try:
         info = source.describe()

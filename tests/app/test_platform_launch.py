@@ -77,6 +77,13 @@ cursor = "updated_at"
 pk = ["id"]
 queue = "light-changes"
 transport = "storage-queue"
+
+[pollers.unset]
+source_url = "${DBFANOUT_TEST_UNSET_DB_URL}"   # never set: this poller alone must fail, at its ticks
+table = "orders"
+cursor = "updated_at"
+pk = ["id"]
+queue = "unset-changes"
 """
 
 # function -> (binding type, the binding fields the worker's metadata must carry)
@@ -86,6 +93,7 @@ EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {
     "poll_ordered": ("timerTrigger", {"name": "timer"}),
     "poll_ordered_batches": ("timerTrigger", {"name": "timer"}),
     "poll_light": ("timerTrigger", {"name": "timer"}),
+    "poll_unset": ("timerTrigger", {"name": "timer"}),
     "work_orders_changes": ("serviceBusTrigger", {"cardinality": "ONE", "queueName": "orders-changes"}),
     "work_batch_changes": ("serviceBusTrigger", {"cardinality": "MANY", "queueName": "batch-changes"}),
     "work_ordered_changes": (
@@ -97,6 +105,7 @@ EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {
         {"cardinality": "MANY", "isSessionsEnabled": True, "queueName": "ordered-batch-changes"},
     ),
     "work_light_changes": ("queueTrigger", {"queueName": "light-changes", "connection": "QUEUE_CONN"}),
+    "work_unset_changes": ("serviceBusTrigger", {"cardinality": "ONE", "queueName": "unset-changes"}),
 }
 
 
@@ -173,7 +182,8 @@ def _assert_expected_bindings(functions: dict[str, Any]) -> None:
 def test_every_launch_mode_indexes_the_app_with_the_same_bindings(
     mode: str, runtime_site: Path, tmp_path: Path
 ) -> None:
-    # Given the repository as the app folder and a config with every binding shape the app makes
+    # Given the repository as the app folder and a config with every binding shape the app makes,
+    # and one poller whose source_url setting is missing
     env = _settings(tmp_path)
     # When the platform's worker indexes it in this launch mode
     result = launch(mode, REPO, [runtime_site], tmp_path, env)

@@ -51,6 +51,24 @@ def test_validate_reports_a_fingerprint_mismatch(workspace):
     assert result.exit_code == 1 and checks_of(result)["fingerprint"] == "fail"
 
 
+def test_validate_reports_a_pollers_missing_setting_and_still_checks_the_others(workspace):
+    # Given a second poller whose source_url names an app setting that is not set
+    workspace.source.upsert([1])
+    workspace.config_path.write_text(
+        workspace.config_path.read_text()
+        + '\n[pollers.unset]\nsource_url = "${DBFANOUT_TEST_UNSET_DB_URL}"\ntable = "orders"\n'
+        + f'cursor = "version"\npk = ["id"]\nqueue = "{workspace.queue}"\n'
+    )
+    # When validate runs
+    result = workspace.run("validate", "--json")
+    # Then it fails on that poller's source, naming the setting, and the other poller's checks still ran
+    assert result.exit_code == 1, result.stdout + result.stderr
+    checks = {(c["poller"], c["name"]): c for c in json.loads(result.stdout)["checks"]}
+    unset = checks[("unset", "source")]
+    assert unset["status"] == "fail" and "DBFANOUT_TEST_UNSET_DB_URL is not set" in unset["detail"]
+    assert checks[("orders", "source")]["status"] == "ok" and checks[("orders", "queue")]["status"] == "ok"
+
+
 def test_validate_of_an_unknown_poller_or_a_broken_config_is_a_usage_error(workspace):
     assert workspace.run("validate", "nosuch").exit_code == 2
     workspace.config_path.write_text("[app]\nname = 'x'\n")
