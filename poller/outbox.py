@@ -52,6 +52,8 @@ __all__ = ["OutboxSource"]
 log = get_logger("poller.outbox")
 
 _MAX_ID = 2**63 - 1
+#: One prune deletes at most a tick's worth of rows (batch_size x max_batches_per_tick), or this many.
+PRUNE_MIN_ROWS = 1000
 _UTC = ZoneInfo("UTC")
 # How created_at is stored (see shared.outbox.outbox_ddl), for the settle and retention bounds.
 _CREATED_KIND = {
@@ -197,7 +199,7 @@ class OutboxSource:
         else:
             covered, order = t.c.id <= sa.literal(position.cursor), (t.c.id,)
         # The newest row stays (its id keeps the auto-increment counter up); at most a tick's worth.
-        limit = self._config.batch_size * self._config.max_batches_per_tick
+        limit = max(PRUNE_MIN_ROWS, self._config.batch_size * self._config.max_batches_per_tick)
         victims = sa.select(t.c.id).where(covered, old, t.c.id < newest).order_by(*order).limit(limit)
         if self._dialect in ("mysql", "mariadb"):  # MariaDB cannot DELETE ... WHERE id IN (SELECT ... same table)
             victims = sa.select(victims.subquery("dbf_victims").c.id)
