@@ -14,6 +14,9 @@ tick, or no room left). Invariants, the same as committing inline:
 
 ``max_uncommitted = 1`` commits inline, in the tick's own thread: fetch → send → commit → fetch,
 the brief's strict order, with no thread at all.
+
+Threads and locks (this committer, the :class:`~poller.lease.LeaseKeeper` and its renewer): see
+the rules in :class:`~poller.lease.LeaseKeeper`'s docstring, the one place they are written.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Generic, TypeVar
 
 __all__ = ["Committer", "Landed"]
 
-T = TypeVar("T")  # what one write needs (the tick passes the checkpoint and the typed last cursor)
+T = TypeVar("T")  # what one write needs: the tick passes a Checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class Committer(Generic[T]):
         self._max = max_uncommitted
         self._cond = threading.Condition()
         self._pending: tuple[T, int, int] | None = None  # newest item, rows, batches
+        self._last: T | None = None  # the newest item handed over
         self._submitted = 0  # batches handed over
         self._landed = Landed()
         # Pages per write while catching up; the rest of the room is sent while the write is in flight.
@@ -63,6 +67,12 @@ class Committer(Generic[T]):
         with self._cond:
             return self._landed
 
+    @property
+    def last_submitted(self) -> T | None:
+        """The newest item handed over (landed or not); None before the first."""
+        with self._cond:
+            return self._last
+
     def wait_for_room(self) -> None:
         """Block until another page may be sent (fewer than ``max_uncommitted`` uncovered)."""
         with self._cond:
@@ -71,12 +81,14 @@ class Committer(Generic[T]):
     def submit(self, item: T, rows: int) -> None:
         """Hand over the write for a page the sink accepted (positions only move forward)."""
         if self._thread is None:
+            self._last = item
             self._commit(item)  # inline: the error propagates from here
             self._landed = Landed(self._landed.rows + rows, self._landed.batches + 1)
             self._submitted += 1
             return
         with self._cond:
             self._raise_error()
+            self._last = item
             _, pending_rows, pending_batches = self._pending or (item, 0, 0)
             self._pending = (item, pending_rows + rows, pending_batches + 1)
             self._submitted += 1
@@ -86,6 +98,7 @@ class Committer(Generic[T]):
     def flush(self) -> Landed:
         """Wait until every submitted page is covered by a landed write; raise the first failure."""
         with self._cond:
+            self._raise_error()
             if self._closing and self._landed.batches < self._submitted:
                 raise RuntimeError("the committer was closed with pages not yet written; flush before close")
             self._wait_until(lambda: self._landed.batches >= self._submitted)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Literal
 
 from poller.ports import Snapshot, StateStore
 from shared.errors import (
@@ -140,8 +141,26 @@ def same_holder(a: Lease, b: Lease) -> bool:
 class LeaseKeeper:
     """The lease of one tick: the current snapshot, commits, heartbeats and release.
 
-    Thread-safe: a background renewer and the tick share it. Every store call runs under the
-    lock, so a heartbeat never races a commit for the same ETag.
+    **Threads and locks** (the one place these rules are written; :mod:`poller.committer` and
+    :mod:`poller.tick` follow them):
+
+    * Three threads share a keeper: the *tick* (acquire, send, release; inline commits), the
+      *committer* (commits and their W5 resolution when ``max_uncommitted_batches`` > 1) and the
+      *renewer* (:meth:`heartbeat_if_due`).
+    * One lock, the keeper's, guards the snapshot and the three flags below, and is held across
+      every store call, so a heartbeat and a commit never race for the same ETag (a heartbeat may
+      wait for a commit's request, at most the store's request timeout, and vice versa).
+    * The committer's condition guards only its own queue (pending, landed, error, closing); it
+      is never held while a commit runs, so the two locks never nest and cannot deadlock.
+    * The flags are set under the lock and every path checks them in one order, in
+      :meth:`_ready`: **lost** (a LostLeaseError was seen: no write ever again; commit, heartbeat
+      and resolve raise it, release returns), then **ambiguous** (a commit's outcome is unknown,
+      W5: a commit refuses to write and a heartbeat skips until :meth:`resolve_ambiguous`
+      decides; a release writes anyway, its CAS decides), then **doubtful** (a heartbeat's
+      outcome is unknown: reload and adopt the stored ETag if the lease is still ours, before
+      any write).
+    * The committer's first failed write is stored and raised by the tick's next committer call
+      (``submit``, ``wait_for_room``, ``flush``), which check the error before anything else.
     """
 
     def __init__(self, store: StateStore, snapshot: Snapshot, ttl: dt.timedelta, *, clock: Clock = utcnow) -> None:
@@ -191,6 +210,27 @@ class LeaseKeeper:
             if self._lost is not None:
                 raise self._lost
 
+    def _ready(self, op: Literal["commit", "heartbeat", "resolve", "release"]) -> bool:
+        """Under the lock: the flags, in the one order every path checks them (class docstring).
+
+        True: go on with ``op``; False: skip it (a heartbeat while a commit is in doubt).
+        Raises the stored LostLeaseError, or CommitError for a commit while one is in doubt.
+        """
+        if self._lost is not None:
+            raise self._lost
+        if op == "resolve":
+            return True  # its own reload settles both doubts
+        if self._ambiguous and op == "heartbeat":
+            return False  # the ETag is in doubt; resolve_ambiguous() decides
+        if self._ambiguous and op == "commit":
+            raise CommitError(
+                "an earlier commit of this tick is unresolved; nothing was written",
+                hint="call resolve_ambiguous() (or end the tick; the next one reloads the state)",
+                window="W5",
+            )
+        self._reconcile_if_doubtful()
+        return True
+
     # -- writes --------------------------------------------------------------------------------
 
     def commit(self, checkpoint: Checkpoint) -> Snapshot:
@@ -199,14 +239,7 @@ class LeaseKeeper:
         Raises LostLeaseError without writing when a heartbeat already lost the lease (case H).
         """
         with self._lock:
-            self.check()
-            if self._ambiguous:
-                raise CommitError(
-                    "an earlier commit of this tick is unresolved; nothing was written",
-                    hint="call resolve_ambiguous() (or end the tick; the next one reloads the state)",
-                    window="W5",
-                )
-            self._reconcile_if_doubtful()
+            self._ready("commit")
             try:
                 self._snap = self._store.commit(self._snap, checkpoint, ttl=self._ttl)
             except LostLeaseError as exc:
@@ -223,13 +256,11 @@ class LeaseKeeper:
         Raises LostLeaseError (stored for the next commit) or StateUnavailableError.
         """
         with self._lock:
-            self.check()
-            if self._ambiguous:
-                return False  # the ETag is in doubt; resolve_ambiguous() decides
+            if not self._ready("heartbeat"):
+                return False
             expires_at = self._snap.doc.lease.expires_at
             if expires_at is not None and expires_at - self._clock() > self._ttl / 3:
                 return False
-            self._reconcile_if_doubtful()
             try:
                 self._snap = self._store.heartbeat(self._snap, self._ttl)
             except LostLeaseError as exc:
@@ -260,7 +291,7 @@ class LeaseKeeper:
         LostLeaseError when the lease moved, and StateUnavailableError when storage is still down.
         """
         with self._lock:
-            self.check()
+            self._ready("resolve")
             stored = self._store.load()
             mine = self._snap.doc
             if stored is None or not same_holder(stored.doc.lease, mine.lease):
@@ -282,8 +313,13 @@ class LeaseKeeper:
     def release(self) -> None:
         """Give the lease up so the next tick (any instance) can take it at once. Never raises."""
         with self._lock:
-            if self._lost is not None:
-                return  # not ours any more
+            try:
+                self._ready("release")
+            except LostLeaseError:
+                return  # not ours any more (whoever saw it logged it)
+            except Exception as exc:  # the reload after a doubtful heartbeat failed
+                log.warning("lease release skipped; it lapses after the TTL", extra=self._ids(error=repr(exc)))
+                return
             try:
                 self._snap = self._store.release(self._snap)
             except LostLeaseError:

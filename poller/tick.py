@@ -1,12 +1,17 @@
 """One timer tick: the poller's lifecycle, in the order seed 001 §2 gives it.
 
-acquire lease (CAS) → load checkpoint (same read) → verify fingerprint → up to
-``max_batches_per_tick`` pages within the time budget: fetch → normalize → **send** → **commit**
-(the commit only after every message was accepted; it also extends the lease) → release.
+**acquire** the lease (one CAS; the same read loads the checkpoint and refuses a foreign source
+fingerprint) → up to ``max_batches_per_tick`` pages within the time budget: **fetch** →
+**send** → **commit** (only after the sink accepted every message; the write also extends the
+lease) → **acknowledge** (the source's housekeeping once the tick's last write landed) →
+**release**. :class:`Tick` has one method per step, in that order.
 
 Commits run through :class:`~poller.committer.Committer`: with ``max_uncommitted_batches`` > 1
 the next page is fetched and sent while the previous commit is in flight, and one write covers
 every page accepted meanwhile; a tick never ends (nor releases) before its last commit landed.
+What must follow each landed write (log, metrics) is in :meth:`Tick.committed`: once per landed
+write, in order, on the thread that wrote it; what may wait for the tick's last one, in
+:meth:`Tick.acknowledge`.
 
 Failure branches name their window (W1-W7, see the operations guide). Ordinary outcomes (lease
 held elsewhere, lease lost mid-tick, caught up) are results; failures that need attention raise
@@ -24,18 +29,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Literal
+from zoneinfo import ZoneInfo
 
 from poller.committer import Committer
 from poller.events import page_batch
 from poller.lease import LeaseKeeper
 from poller.ports import Page, Sink, Source, StateStore
 from shared.config import PollerConfig
-from shared.errors import CommitAmbiguousError, CommitError, LostLeaseError
+from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
-from shared.models import Batch, Checkpoint
+from shared.models import Batch, Checkpoint, Position
 from shared.telemetry import metrics
 
-__all__ = ["TickResult", "default_owner_id", "run_tick"]
+__all__ = ["Tick", "TickResult", "default_owner_id", "run_tick"]
 
 log = get_logger("poller.tick")
 
@@ -75,21 +81,16 @@ def run_tick(
     monotonic: Callable[[], float] = time.monotonic,
 ) -> TickResult:
     """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing)."""
-    ttl = dt.timedelta(seconds=poller.lease_ttl_seconds)
-    fingerprint = source.fingerprint
-    log.debug("tick started", extra=ids(poller=poller.name))
-    with _stage("acquire", poller.name):
-        snap = store.try_acquire(owner_id or default_owner_id(), ttl, fingerprint)
-    if snap is None:
-        log.debug("lease held elsewhere; skipping tick", extra=ids(poller=poller.name))
+    tick = Tick(poller, source, sink, clock, monotonic)
+    keeper = tick.acquire(store, owner_id or default_owner_id())
+    if keeper is None:
         return TickResult(poller.name, "lease_held")
-    keeper = LeaseKeeper(store, snap, ttl, clock=clock)
     try:
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
-            result = _drain(poller, source, sink, keeper, fingerprint, clock, monotonic)
-        _acknowledge(source, keeper.checkpoint, poller.name)
+            result = tick.drain(keeper)
+        tick.acknowledge(keeper.checkpoint)
         return result
     except LostLeaseError:
         log.warning(
@@ -98,120 +99,195 @@ def run_tick(
         )
         return TickResult(poller.name, "lease_lost", fencing_token=keeper.fencing_token)
     finally:
-        keeper.release()  # best effort: never raises; makes the lease immediately re-acquirable
+        tick.release(keeper)
 
 
-def _acknowledge(source: Source, checkpoint: Checkpoint, poller: str) -> None:
-    """Tell the source what landed (it may prune or advance); its failure never fails the tick."""
-    if checkpoint.position is None:
-        return
-    try:
-        with _stage("acknowledge", poller):
-            source.acknowledge(checkpoint)
-    except Exception as exc:
-        log.warning("source housekeeping after the commit failed: %r", exc, extra=ids(poller=poller))
+class Tick:
+    """The steps of one tick, with what they share bound once: the poller, its source's
+    fingerprint, the sink and the clocks."""
 
+    def __init__(
+        self,
+        poller: PollerConfig,
+        source: Source,
+        sink: Sink,
+        clock: Callable[[], dt.datetime] = _utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.poller = poller
+        self.name = poller.name
+        self.source = source
+        self.sink = sink
+        self.fingerprint = source.fingerprint
+        self.clock = clock
+        self.monotonic = monotonic
+        self._cursor_tz = ZoneInfo(poller.cursor_timezone) if poller.cursor_timezone else None
 
-def _drain(
-    poller: PollerConfig,
-    source: Source,
-    sink: Sink,
-    keeper: LeaseKeeper,
-    fingerprint: str,
-    clock: Callable[[], dt.datetime],
-    monotonic: Callable[[], float],
-) -> TickResult:
-    deadline = monotonic() + poller.time_budget_seconds
-    nulls = 0
-    reason: StopReason = "max_batches"
-    position = keeper.checkpoint.position  # where the next page starts: after the last *accepted* one
-    committer: Committer[tuple[Checkpoint, object]] = Committer(
-        lambda item: _commit(keeper, *item, poller.name),
-        poller.max_uncommitted_batches,
-        name=f"committer-{poller.name}",
-    )
-    try:
-        for _ in range(poller.max_batches_per_tick):
-            with _stage("fetch", poller.name):
-                page = source.fetch(position, poller.batch_size)
-            metrics.rows_fetched.add(len(page), {"poller": poller.name})
-            nulls = max(nulls, page.skipped_null_cursors)
-            if not len(page):
-                reason = "caught_up"
-                break
-            batch = page_batch(poller, fingerprint, page)
-            committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
-            _send(sink, batch)
-            committer.submit(_checkpoint_after(poller, batch, page, clock), len(page))
-            position = page.last
-            if len(page) < poller.batch_size:
-                reason = "caught_up"
-                break
-            if monotonic() >= deadline:
-                reason = "time_budget"
-                break
-        landed = committer.flush()
-    except Exception:
-        # Land what the sink already accepted (fewer re-sends); the original error still propagates.
-        with suppress(Exception):
-            committer.flush()
-        raise
-    finally:
-        committer.close()
-    return TickResult(poller.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
+    # -- the lifecycle, in order -------------------------------------------------------------
 
+    def acquire(self, store: StateStore, owner_id: str) -> LeaseKeeper | None:
+        """Take the lease, or None when another owner holds it (an outcome, not an error)."""
+        log.debug("tick started", extra=ids(poller=self.name))
+        ttl = dt.timedelta(seconds=self.poller.lease_ttl_seconds)
+        with _stage("acquire", self.name):
+            snap = store.try_acquire(owner_id, ttl, self.fingerprint)
+        if snap is None:
+            log.debug("lease held elsewhere; skipping tick", extra=ids(poller=self.name))
+            return None
+        return LeaseKeeper(store, snap, ttl, clock=self.clock)
 
-def _send(sink: Sink, batch: Batch) -> None:
-    with _stage("send", batch.poller):
-        sink.send(batch)
-    log.info(
-        "batch enqueued",
-        extra=ids(poller=batch.poller, batch_id=batch.batch_id, events=len(batch.events)),
-    )
+    def drain(self, keeper: LeaseKeeper) -> TickResult:
+        """Fetch, send and commit pages until caught up, out of pages or out of time."""
+        poller = self.poller
+        deadline = self.monotonic() + poller.time_budget_seconds
+        nulls = 0
+        reason: StopReason = "max_batches"
+        position = keeper.checkpoint.position  # where the next page starts: after the last *accepted* one
+        committer: Committer[Checkpoint] = Committer(
+            lambda checkpoint: self.commit(keeper, checkpoint),
+            poller.max_uncommitted_batches,
+            name=f"committer-{self.name}",
+        )
+        try:
+            for _ in range(poller.max_batches_per_tick):
+                page = self.fetch(position)
+                nulls = max(nulls, page.skipped_null_cursors)
+                if not len(page):
+                    reason = "caught_up"
+                    break
+                batch = page_batch(poller, self.fingerprint, page)
+                committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
+                self.send(batch)
+                committer.submit(self.checkpoint_after(batch, page), len(page))
+                position = page.last
+                if len(page) < poller.batch_size:
+                    reason = "caught_up"
+                    break
+                if self.monotonic() >= deadline:
+                    reason = "time_budget"
+                    break
+            landed = committer.flush()
+        except Exception as failure:
+            self._land_accepted(committer, keeper, failure)
+            raise
+        finally:
+            committer.close()
+        return TickResult(self.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
 
+    def fetch(self, after: Position | None) -> Page:
+        """The next keyset page after ``after``."""
+        with _stage("fetch", self.name):
+            page = self.source.fetch(after, self.poller.batch_size)
+        metrics.rows_fetched.add(len(page), {"poller": self.name})
+        return page
 
-def _checkpoint_after(
-    poller: PollerConfig, batch: Batch, page: Page, clock: Callable[[], dt.datetime]
-) -> tuple[Checkpoint, object]:
-    """The checkpoint past ``page``, with the last row's typed cursor (for the lag metric)."""
-    last = page.last_row
-    assert last is not None
-    checkpoint = Checkpoint(
-        position=last.position,
-        last_successful_batch_id=batch.batch_id,
-        updated_at=clock(),
-        metadata={"row_count": len(page)},
-    )
-    return checkpoint, last.values.get(poller.cursor, last.position.cursor)
+    def send(self, batch: Batch) -> None:
+        """Hand the batch to the sink; returns only when every message was accepted."""
+        with _stage("send", self.name):
+            self.sink.send(batch)
+        log.info("batch enqueued", extra=ids(poller=self.name, batch_id=batch.batch_id, events=len(batch.events)))
 
+    def checkpoint_after(self, batch: Batch, page: Page) -> Checkpoint:
+        """The checkpoint past ``page`` (to write once the sink accepted it)."""
+        last = page.last
+        assert last is not None
+        return Checkpoint(
+            position=last,
+            last_successful_batch_id=batch.batch_id,
+            updated_at=self.clock(),
+            metadata={"row_count": len(page)},
+        )
 
-def _commit(keeper: LeaseKeeper, checkpoint: Checkpoint, last_cursor: object, poller: str) -> None:
-    """Write ``checkpoint`` — only ever after the sink accepted every page up to it."""
-    batch_id = checkpoint.last_successful_batch_id
-    try:
-        with _stage("commit", poller):
-            keeper.commit(checkpoint)
-    except CommitAmbiguousError:
-        # W5: the write may have landed. Reload: if it did, go on; if not, the pages are re-sent.
-        if keeper.resolve_ambiguous(checkpoint):
-            log.info("ambiguous commit had landed", extra=ids(poller=poller, batch_id=batch_id))
+    def commit(self, keeper: LeaseKeeper, checkpoint: Checkpoint) -> None:
+        """Write ``checkpoint`` — only ever after the sink accepted every page up to it."""
+        batch_id = checkpoint.last_successful_batch_id
+        try:
+            with _stage("commit", self.name):
+                keeper.commit(checkpoint)
+        except CommitAmbiguousError:
+            # W5: the write may have landed. Reload: if it did, go on; if not, the pages are re-sent.
+            if not keeper.resolve_ambiguous(checkpoint):
+                log.warning(
+                    "ambiguous commit did not land; the batch will be re-sent",
+                    extra=ids(poller=self.name, batch_id=batch_id, window="W5"),
+                )
+                raise
+            log.info("ambiguous commit had landed", extra=ids(poller=self.name, batch_id=batch_id))
+        except CommitError:
+            log.warning(
+                "checkpoint commit failed; the batch will be re-sent",
+                extra=ids(poller=self.name, batch_id=batch_id, window="W1"),
+            )
+            raise
+        self.committed(keeper, checkpoint)
+
+    def committed(self, keeper: LeaseKeeper, checkpoint: Checkpoint) -> None:
+        """After a landed write: log, metrics. The place for steps that must follow a commit."""
+        log.info(
+            "checkpoint committed",
+            extra=ids(
+                poller=self.name, batch_id=checkpoint.last_successful_batch_id, fencing_token=keeper.fencing_token
+            ),
+        )
+        attrs = {"poller": self.name}
+        now = checkpoint.updated_at or _utcnow()
+        metrics.last_success_timestamp.record(now.timestamp(), attrs)
+        lag = self._lag_seconds(checkpoint, now)
+        if lag is not None:
+            metrics.lag_seconds.record(lag, attrs)
+
+    def acknowledge(self, checkpoint: Checkpoint) -> None:
+        """Tell the source what landed (it may prune or advance); its failure never fails the tick."""
+        if checkpoint.position is None:
             return
-        log.warning(
-            "ambiguous commit did not land; the batch will be re-sent",
-            extra=ids(poller=poller, batch_id=batch_id, window="W5"),
-        )
-        raise
-    except CommitError:
-        log.warning(
-            "checkpoint commit failed; the batch will be re-sent",
-            extra=ids(poller=poller, batch_id=batch_id, window="W1"),
-        )
-        raise
-    log.info(
-        "checkpoint committed",
-        extra=ids(poller=poller, batch_id=batch_id, fencing_token=keeper.fencing_token),
-    )
-    _record_success(poller, checkpoint, last_cursor)
+        try:
+            with _stage("acknowledge", self.name):
+                self.source.acknowledge(checkpoint)
+        except Exception as exc:
+            log.warning("source housekeeping after the commit failed: %r", exc, extra=ids(poller=self.name))
+
+    def release(self, keeper: LeaseKeeper) -> None:
+        """Give the lease up (best effort, never raises): the next tick may take it at once."""
+        keeper.release()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _land_accepted(self, committer: Committer[Checkpoint], keeper: LeaseKeeper, failure: Exception) -> None:
+        """After a failed step: land what the sink already accepted (fewer re-sends).
+
+        Never raises (``failure`` is what propagates), but says when the pages stay uncommitted.
+        """
+        try:
+            committer.flush()
+        except Exception as exc:
+            if exc is failure:
+                return  # the failure *was* this commit's: it propagates, and commit() logged it
+            window = exc.window if isinstance(exc, DbFanoutError) else None
+            log.warning(
+                "could not commit the pages the sink already accepted; they will be re-sent",
+                extra=ids(
+                    poller=self.name,
+                    batch_id=committer.last_submitted.last_successful_batch_id if committer.last_submitted else None,
+                    fencing_token=keeper.fencing_token,
+                    window=window or "W1",
+                    error=str(exc) if isinstance(exc, DbFanoutError) else repr(exc),
+                    failure=type(failure).__name__,
+                ),
+            )
+
+    def _lag_seconds(self, checkpoint: Checkpoint, now: dt.datetime) -> float | None:
+        """How far the checkpoint's cursor is behind ``now``, for a temporal cursor."""
+        cursor = checkpoint.position.cursor if checkpoint.position is not None else None
+        if isinstance(cursor, str):  # SQLite stores timestamps as text
+            with suppress(ValueError):
+                cursor = dt.datetime.fromisoformat(cursor)
+        if not isinstance(cursor, dt.datetime):
+            return None
+        if cursor.tzinfo is None:
+            if self._cursor_tz is None:
+                return None
+            cursor = cursor.replace(tzinfo=self._cursor_tz)
+        return max(0.0, (now - cursor).total_seconds())
 
 
 @contextmanager
@@ -222,11 +298,3 @@ def _stage(stage: str, poller: str) -> Iterator[None]:
     except Exception:
         metrics.failures.add(1, {"stage": stage, "poller": poller})
         raise
-
-
-def _record_success(poller: str, checkpoint: Checkpoint, cursor: object) -> None:
-    attrs = {"poller": poller}
-    now = checkpoint.updated_at or _utcnow()
-    metrics.last_success_timestamp.record(now.timestamp(), attrs)
-    if isinstance(cursor, dt.datetime) and cursor.tzinfo is not None:
-        metrics.lag_seconds.record(max(0.0, (now - cursor).total_seconds()), attrs)

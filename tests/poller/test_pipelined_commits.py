@@ -15,6 +15,7 @@ it deterministic by holding writes (a hook around the store's ``commit``) or sen
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -208,6 +209,39 @@ def test_sink_failure_mid_tick_lands_every_page_accepted_before_it(table: Source
     drain(poller, source, store, sink, clock=clock)
     assert sorted(sink.delivered()) == sorted(table.states())
     assert spy.ahead == []
+
+
+def test_lost_lease_while_landing_the_accepted_pages_after_a_failure_is_logged__W4(
+    table: SourceTable, harness: StoreHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    poller = _poller(table, 4)
+    source = SqlSource(poller)
+    table.upsert(range(100))
+    store = harness.make(clock)
+    sink = WatchedSink()
+    ttl = dt.timedelta(seconds=poller.lease_ttl_seconds)
+
+    def steal_the_lease_then_refuse_page_3(batch: Batch) -> None:
+        if len(sink.accepted) == 2:  # pages 1-2 accepted, not yet written (a write starts at 3)
+            clock.advance(poller.lease_ttl_seconds + 10)
+            assert harness.make(clock).try_acquire("b", ttl, source.fingerprint) is not None
+            raise EnqueueError("broker refused page 3 (injected)")
+
+    sink.before_accept = steal_the_lease_then_refuse_page_3
+    caplog.set_level(logging.WARNING, logger="dbfanout")
+    # When the sink refuses page 3 after another owner took the lease over
+    with pytest.raises(EnqueueError):
+        run_tick(poller, source, store, sink, owner_id="a", clock=clock)
+    # Then the send failure propagates, nothing of A's was written ...
+    snap = store.load()
+    assert snap is not None and snap.doc.lease.owner_id == "b" and snap.doc.checkpoint.position is None
+    # ... and the lost lease that kept pages 1-2 uncommitted was logged with its window and ids
+    [record] = [r for r in caplog.records if r.getMessage().startswith("could not commit the pages")]
+    assert vars(record)["window"] == "W4"
+    assert vars(record)["poller"] == poller.name
+    assert vars(record)["batch_id"] == batch_ids(sink)[1]
+    assert vars(record)["fencing_token"] == 1
 
 
 def test_crash_lands_nothing_past_the_write_in_flight_and_another_owner_resends_the_rest__W3(
