@@ -1,25 +1,22 @@
 """Running the worker from a storage queue, with the Functions queue trigger's semantics.
 
 Success deletes the message. A failure makes it visible again after ``visibility_timeout``;
-once it has failed ``max_dequeue_count`` times it is moved to ``<queue>-poison`` — the copy is
-written first and the original deleted after, so a crash in between duplicates, never loses.
+once it has failed ``max_dequeue_count`` times it is moved to ``<queue>-poison`` — see
+:func:`worker.settlement.settle_queue`, which the local host settles through as well.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from azure.core.exceptions import AzureError
 from azure.storage.queue import QueueClient, QueueMessage
 
 from shared.errors import EnvelopeError
-from shared.logs import get_logger, ids
 from shared.storagequeue import decode_queue_text
 from worker.runtime import Delivery
+from worker.settlement import settle_queue
 
 __all__ = ["delivery_from_queue", "settle_queue_message"]
-
-log = get_logger("worker.queue")
 
 Process = Callable[[Delivery], object]
 
@@ -45,29 +42,11 @@ def settle_queue_message(
     visibility_timeout: int = 0,
 ) -> bool:
     """Process one received message and settle it like the Functions host. True when it was deleted."""
+    error: Exception | None = None
     try:
         process(delivery_from_queue(msg))
     except Exception as exc:  # any failure: retry, then the poison queue
-        attempts = int(msg.dequeue_count or 1)
-        if attempts >= max_dequeue_count:
-            # 1. the poison copy is durable, and never expires (the default TTL is 7 days): a
-            #    quarantine that silently empties itself would lose data
-            poison.send_message(msg.content, time_to_live=-1)
-            _quietly(lambda: queue.delete_message(msg), "delete", msg)  # 2. only then drop the original
-            log.warning(
-                "message moved to the poison queue",
-                extra=ids(message_id=msg.id, queue=queue.queue_name, dequeue_count=attempts, error=repr(exc)),
-            )
-        else:
-            _quietly(lambda: queue.update_message(msg, visibility_timeout=visibility_timeout), "release", msg)
-        return False
-    _quietly(lambda: queue.delete_message(msg), "delete", msg)
-    return True
-
-
-def _quietly(action: Callable[[], object], what: str, msg: QueueMessage) -> None:
-    try:
-        action()
-    except AzureError as exc:
-        # The pop receipt went stale (visibility timeout passed): the message comes back; handlers dedupe.
-        log.warning(f"{what} failed; the message will be seen again", extra=ids(message_id=msg.id, error=repr(exc)))
+        error = exc
+    return settle_queue(
+        queue, poison, msg, error, max_dequeue_count=max_dequeue_count, visibility_timeout=visibility_timeout
+    )

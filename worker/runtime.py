@@ -21,7 +21,7 @@ from shared.logs import get_logger, ids
 from shared.models import Batch, HandlerContext, RowChange
 from shared.telemetry import metrics
 from worker.handlers import Handler, call_handler, load_handler
-from worker.settle import Settle, decide
+from worker.settlement import Settle, decide
 from worker.split import Splitter
 
 __all__ = ["Delivery", "Worker"]

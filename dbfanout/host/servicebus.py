@@ -4,8 +4,9 @@ One pump thread owns the receiver and does every AMQP operation on it - receive,
 abandon, renew - because SDK handlers are not thread-safe. User functions run on a thread pool
 of ``maxConcurrentCalls`` workers and hand their outcome back to the pump. Success completes
 the message, an exception abandons it (Service Bus counts the delivery and dead-letters at the
-queue's MaxDeliveryCount). While a single-message function runs, the pump renews its lock up to
-``maxAutoLockRenewalDuration`` (the host does not renew for ``cardinality="many"``).
+queue's MaxDeliveryCount), through :func:`worker.settlement.settle_bus`. While a single-message
+function runs, the pump renews its lock up to ``maxAutoLockRenewalDuration`` (the host does not
+renew for ``cardinality="many"``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shared.errors import ConfigError
 from shared.logs import get_logger, ids
 from shared.servicebus import servicebus_client
 from shared.settings import servicebus_connection
+from worker.settlement import settle_bus
 
 __all__ = ["QueueRunner"]
 
@@ -151,26 +153,11 @@ class QueueRunner(TriggerRunner[_Invocation]):
         self._inflight.discard(invocation)
         if not self.options.auto_complete_messages:
             return  # the function settles (or the lock expires), as with autoCompleteMessages false
-        failed = invocation.error is not None
-        if failed:
-            log.info(
-                "function failed; abandoning",
-                extra=ids(function=self.spec.name, error=type(invocation.error).__name__),
-            )
-        for msg in invocation.messages:
-            try:
-                if failed:
-                    receiver.abandon_message(msg)
-                    self.abandoned += 1
-                else:
-                    receiver.complete_message(msg)
-                    self.completed += 1
-            except (ServiceBusError, OSError) as exc:
-                # The lock is gone (expired, link dropped): the message comes back; handlers are idempotent.
-                log.warning(
-                    "settlement failed; the message will be redelivered",
-                    extra=ids(queue=self.queue, message_id=str(msg.message_id), error=repr(exc)),
-                )
+        settled = settle_bus(receiver, invocation.messages, invocation.error)
+        if invocation.error is None:
+            self.completed += settled
+        else:
+            self.abandoned += settled
 
     def _renew_due(self, receiver: ServiceBusReceiver) -> None:
         if self.many:

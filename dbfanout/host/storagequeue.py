@@ -7,10 +7,8 @@ it visible again after ``visibilityTimeout``; the ``maxDequeueCount``-th failure
 flight drop to ``newBatchThreshold``; an empty queue is polled with an exponential backoff up to
 ``maxPollingInterval``.
 
-Settlement is :func:`worker.queue_consumer.settle_queue_message`, the same code the worker's tests
-and the fan-out tests use, so the local host and those tests cannot drift apart. Its ``process``
-callable receives the decoded :class:`~worker.runtime.Delivery`; here it calls the *user* function
-with an ``azure.functions.QueueMessage`` built from the same received message instead.
+Settlement is :func:`worker.settlement.settle_queue`, the same code the worker's consumers and the
+fan-out tests use, so the local host and those tests cannot drift apart.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ from dbfanout.host.schedule import resolve_setting
 from shared.logs import get_logger, ids
 from shared.settings import Settings, StorageConnection, storage_connection
 from shared.storagequeue import decode_queue_text, poison_queue_name, queue_service_client
-from worker.queue_consumer import settle_queue_message
-from worker.runtime import Delivery
+from worker.settlement import settle_queue
 
 __all__ = ["DequeueCountExceeded", "StorageQueueRunner", "queue_connection", "to_functions_queue_message"]
 
@@ -191,37 +188,42 @@ class StorageQueueRunner(TriggerRunner[_Invocation]):
     # ---- one call ----------------------------------------------------------------------------
     def _call(self, client: QueueClient, poison: QueueClient, invocation: _Invocation) -> None:
         message = invocation.message
-        max_count = self.options.max_dequeue_count
-
-        def process(_: Delivery) -> None:
-            try:
-                if int(message.dequeue_count or 1) > max_count:
-                    raise DequeueCountExceeded(f"dequeue count {message.dequeue_count} > maxDequeueCount {max_count}")
-                invoke(self.spec, to_functions_queue_message(message))
-            finally:
-                with invocation.lock:  # no renewal after this: settlement reads a stable pop receipt
-                    invocation.finished = True
-
         try:
-            ok = settle_queue_message(
+            error = self._invoke(invocation)
+            ok = settle_queue(
                 client,
                 poison,
                 message,
-                process,
-                max_dequeue_count=max_count if _decodable(message) else 1,  # undecodable: poison at once, as the host
+                error,
+                # undecodable: poison at once, as the host
+                max_dequeue_count=self.options.max_dequeue_count if _decodable(message) else 1,
                 visibility_timeout=int(self.options.visibility_timeout_seconds),
             )
             if ok:
                 self.deleted += 1
             else:
                 self.failed += 1
-                log.info("function failed", extra=ids(function=self.spec.name, message_id=message.id))
         except Exception as exc:  # the poison send failed: the message comes back after its lease
             log.warning("settlement failed", extra=ids(queue=self.queue, message_id=message.id, error=repr(exc)))
         finally:
             with invocation.lock:
                 invocation.finished = True
             self._done.put(invocation)
+
+    def _invoke(self, invocation: _Invocation) -> Exception | None:
+        """Call the function; its exception (if any) is the outcome settlement acts on."""
+        message = invocation.message
+        max_count = self.options.max_dequeue_count
+        try:
+            if int(message.dequeue_count or 1) > max_count:
+                raise DequeueCountExceeded(f"dequeue count {message.dequeue_count} > maxDequeueCount {max_count}")
+            invoke(self.spec, to_functions_queue_message(message))
+        except Exception as exc:  # any failure: retry, then the poison queue
+            return exc
+        finally:
+            with invocation.lock:  # no renewal after this: settlement reads a stable pop receipt
+                invocation.finished = True
+        return None
 
     def _renew_due(self, client: QueueClient) -> None:
         """Keep running calls' messages hidden: update visibility once half the lease has passed."""
