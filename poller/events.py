@@ -27,7 +27,9 @@ def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventI
         op="delete" if row.deleted else "upsert",
         pk=pk,
         cursor=cursor,
-        after=row.values,  # the source builds a fresh dict per row; nobody mutates it
+        # The source builds a fresh dict per row; nobody mutates it. A change-log delete brings
+        # no values (its old key or row is ``before``): its ``after`` is null.
+        after=row.values if row.values or not row.deleted else None,
         poller=poller.name,
         before=fields.before if fields is not None else None,
         change=fields.change if fields is not None else None,

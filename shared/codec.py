@@ -26,6 +26,7 @@ from shared.models import (
     Checkpoint,
     CursorValue,
     Lease,
+    Lsn,
     Position,
     RowChange,
     StateDoc,
@@ -54,7 +55,7 @@ def tag_of(value: Any) -> str | None:
     if value is None or isinstance(value, bool | str):
         return None
     if isinstance(value, int):
-        return None if -_SAFE_INT <= value <= _SAFE_INT else "int"
+        return "pg_lsn" if isinstance(value, Lsn) else None if -_SAFE_INT <= value <= _SAFE_INT else "int"
     if isinstance(value, float):
         return None if math.isfinite(value) else "float"
     if isinstance(value, dt.datetime):
@@ -90,7 +91,7 @@ def encode_value(value: Any) -> tuple[Any, str | None]:
         if isinstance(value, dict):
             return {str(k): _plain(v) for k, v in value.items()}, None
         return value, None
-    if tag == "int" or tag == "decimal" or tag == "uuid" or tag == "float":
+    if tag == "int" or tag == "decimal" or tag == "uuid" or tag == "float" or tag == "pg_lsn":
         return str(value), tag
     if tag in ("timestamp", "datetime"):
         return _iso(value), tag
@@ -120,6 +121,7 @@ _DECODERS: dict[str, Any] = {
     "time": dt.time.fromisoformat,
     "bytes": base64.b64decode,
     "interval": lambda s: dt.timedelta(seconds=s),
+    "pg_lsn": Lsn.parse,
 }
 
 
@@ -173,6 +175,8 @@ def cursor_kind(cursor: CursorValue) -> str:
     """The seed-002 ``kind`` string, e.g. ``timestamp+pk`` or ``composite+pk``."""
     if isinstance(cursor, tuple):
         return "composite+pk"
+    if isinstance(cursor, Lsn):
+        return "pg_lsn"  # value: the commit LSN; tiebreaker: the change's position in the transaction
     tag = tag_of(cursor)
     if tag is None:
         tag = {bool: "bool", int: "int", str: "string", float: "float"}.get(type(cursor), "value")
@@ -346,6 +350,10 @@ def encode_event(event: RowChange) -> dict[str, Any]:
         out["after"], after_tags = _encode_map(event.after)
         if after_tags:
             types["after"] = after_tags
+    if event.before is not None:  # change-log sources: the old key, or the old row
+        out["before"], before_tags = _encode_map(event.before)
+        if before_tags:
+            types["before"] = before_tags
     if types:
         out["types"] = types
     if event.change is not None:  # optional: absent for cursor polling, so its bodies are unchanged
@@ -381,6 +389,9 @@ def decode_event(raw: Any, poller: str) -> RowChange:
     after = raw.get("after")
     if after is not None and not isinstance(after, dict):
         raise EnvelopeError("event after must be an object or null")
+    before = raw.get("before")
+    if before is not None and not isinstance(before, dict):
+        raise EnvelopeError("event before must be an object or null")
     change = raw.get("change")
     if change is not None and not isinstance(change, str):
         raise EnvelopeError("event change must be a string when present")
@@ -392,6 +403,7 @@ def decode_event(raw: Any, poller: str) -> RowChange:
             cursor=_decode_cursor(raw["cursor"], types.get("cursor")),
             after=None if after is None else _decode_map(after, types.get("after") or {}),
             poller=poller,
+            before=None if before is None else _decode_map(before, types.get("before") or {}),
             change=change,
         )
     except SerializationError as exc:

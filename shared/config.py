@@ -37,9 +37,10 @@ _HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 Transport = Literal["servicebus", "storage-queue"]
 NullCursorPolicy = Literal["skip", "fail"]
 OversizePolicy = Literal["error", "claim-check"]
-SourceKind = Literal["keyset", "outbox"]
+SourceKind = Literal["keyset", "outbox", "pg_logical"]
 #: Keys that only mean something to a keyset (table/query) poller.
 _KEYSET_ONLY = ("query", "cursor", "pk", "soft_delete_column", "xid_column", "filter", "null_cursor", "cursor_timezone")
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,11 @@ class PollerConfig:
     kind: SourceKind = "keyset"
     # outbox: delete rows this long after a landed checkpoint covered them (None: never prune).
     outbox_retention_seconds: float | None = None
+    # pg_logical: the tables read from the slot (``table`` is the first), the slot, the publication.
+    tables: tuple[str, ...] = ()
+    slot: str | None = None
+    publication: str | None = None
+
     # Not a config key: app settings ``source_url`` names that were not set when the config was
     # loaded leniently (as function_app.py does, so one poller's missing setting cannot unindex the
     # app). ``source_url`` is then empty and every tick of this poller fails with require_settings().
@@ -272,17 +278,15 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
     if not isinstance(raw, Mapping):
         raise ConfigError(prefix, "must be a table")
     _reject_unknown(raw, prefix, set(PollerConfig.__dataclass_fields__) - {"name", "missing_settings"})
-    kind = _choice(raw, prefix, "kind", "keyset", ("keyset", "outbox"))
-    if kind == "outbox":
-        raw = _outbox_defaults(raw, prefix)
-    elif "outbox_retention_seconds" in raw:
-        raise ConfigError(f"{prefix}.outbox_retention_seconds", 'applies to kind = "outbox" only')
+    kind = _choice(raw, prefix, "kind", "keyset", ("keyset", "outbox", "pg_logical"))
+    raw = _kind_defaults(name, raw, prefix, kind)
     table, query = raw.get("table"), raw.get("query")
     if (table is None) == (query is None):
         raise ConfigError(f"{prefix}.table", "set exactly one of table or query")
     pk_raw = raw.get("pk")
     pk = (pk_raw,) if isinstance(pk_raw, str) else tuple(pk_raw) if isinstance(pk_raw, list) else ()
-    if not pk or not all(isinstance(c, str) and c for c in pk):
+    optional = kind == "pg_logical" and pk_raw is None  # pg_logical: each table's primary key
+    if not optional and (not pk or not all(isinstance(c, str) and c for c in pk)):
         raise ConfigError(f"{prefix}.pk", "must be a column name or a list of column names", hint='pk = ["id"]')
     source_url = _str(raw, prefix, "source_url", None)
     if source_url is None:
@@ -336,6 +340,9 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         max_uncommitted_batches=_int(raw, prefix, "max_uncommitted_batches", 16, 1, 64),
         kind=kind,
         outbox_retention_seconds=_num(raw, prefix, "outbox_retention_seconds", None, 0.0),
+        tables=tuple(raw.get("tables", ())),
+        slot=raw.get("slot"),
+        publication=raw.get("publication"),
     )
 
 
@@ -351,3 +358,40 @@ def _outbox_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     if raw.get("table") is None:
         raise ConfigError(f"{prefix}.table", 'kind = "outbox" needs the outbox table', hint='table = "dbfanout_outbox"')
     return {**raw, "cursor": "id", "pk": ["id"]}
+
+
+def _kind_defaults(name: str, raw: Mapping[str, Any], prefix: str, kind: str) -> Mapping[str, Any]:
+    """The keys a source kind fixes, after rejecting the keys of another kind."""
+    if kind == "outbox":
+        raw = _outbox_defaults(raw, prefix)
+    elif "outbox_retention_seconds" in raw:
+        raise ConfigError(f"{prefix}.outbox_retention_seconds", 'applies to kind = "outbox" only')
+    if kind == "pg_logical":
+        raw = _pg_logical_defaults(name, raw, prefix)
+    elif any(k in raw for k in ("tables", "slot", "publication")):
+        raise ConfigError(f"{prefix}.slot", 'tables, slot and publication apply to kind = "pg_logical" only')
+    return raw
+
+
+def _pg_logical_defaults(name: str, raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """A pg_logical poller names its tables (and optionally slot/publication): the slot orders changes."""
+    given = [k for k in _KEYSET_ONLY if k in raw and k != "pk"]
+    if given:
+        raise ConfigError(
+            f"{prefix}.{given[0]}",
+            'does not apply to kind = "pg_logical" (the replication slot gives every change in commit order)',
+            hint='keep tables = ["public.orders", ...] (pk is optional: each table\'s primary key)',
+        )
+    table, tables = raw.get("table"), raw.get("tables")
+    if (table is None) == (tables is None):
+        raise ConfigError(f"{prefix}.tables", 'kind = "pg_logical" needs exactly one of table or tables')
+    tables = [table] if tables is None else tables
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, str) and t for t in tables):
+        raise ConfigError(f"{prefix}.tables", "must be a list of table names", hint='tables = ["public.orders"]')
+    default = "dbfanout_" + name.lower().replace("-", "_")
+    out = {**raw, "table": tables[0], "tables": tables, "cursor": "commit_lsn", "settle_seconds": 0.0}
+    for key in ("slot", "publication"):
+        out[key] = value = raw.get(key, default)
+        if not isinstance(value, str) or not _SLOT_NAME.match(value):
+            raise ConfigError(f"{prefix}.{key}", f"must be lower-case letters, digits and _ (up to 63), got {value!r}")
+    return out

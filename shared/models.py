@@ -22,6 +22,7 @@ __all__ = [
     "CursorValue",
     "HandlerContext",
     "Lease",
+    "Lsn",
     "Op",
     "Position",
     "RowChange",
@@ -32,6 +33,27 @@ STATE_VERSION = 1
 BATCH_SCHEMA = "dbfanout.batch/1"
 
 Op = Literal["upsert", "delete"]
+
+
+class Lsn(int):
+    """A PostgreSQL log sequence number; written the way PostgreSQL writes it (``16/B374D848``)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return f"{self >> 32:X}/{self & 0xFFFFFFFF:X}"
+
+    def __repr__(self) -> str:
+        return f"Lsn('{self}')"
+
+    @classmethod
+    def parse(cls, text: str) -> Lsn:
+        """``'16/B374D848'`` → Lsn. Raises ValueError for anything else."""
+        high, sep, low = text.partition("/")
+        if not sep or not high or not low:
+            raise ValueError(f"not an LSN: {text!r}")
+        return cls((int(high, 16) << 32) | int(low, 16))
+
 
 #: Scalar types a cursor or primary key value may have; each round-trips exactly.
 CursorScalar = int | str | Decimal | uuid.UUID | dt.datetime | dt.date | float | bytes

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import sqlalchemy as sa
 
-from poller.ports import StateStore
-from poller.source import SqlSource
+from poller.ports import Source, StateStore
 from poller.tick import TickResult, run_tick
 from shared.config import PollerConfig
 from shared.errors import EnqueueError
@@ -105,7 +104,7 @@ class RecordingSink:
 
 def drain(
     poller: PollerConfig,
-    source: SqlSource,
+    source: Source,
     store: StateStore,
     sink: RecordingSink,
     *,

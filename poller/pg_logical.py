@@ -1,0 +1,385 @@
+"""The ``kind = "pg_logical"`` source: every change, hard deletes included, from a replication slot.
+
+Why this read path: the slot is read with SQL functions over the pinned psycopg 3 driver through
+SQLAlchemy (``pg_logical_slot_peek_binary_changes``, ``pg_replication_slot_advance``) — no
+replication-protocol connection, nothing new to deploy. Why ``pgoutput``: it is built into
+PostgreSQL 10+ and offered by every managed server (Azure Database for PostgreSQL Flexible Server
+included), with no extension to install; it only decodes the tables of a publication.
+
+The tick's order keeps the at-least-once contract with no settle window:
+
+1. ``fetch`` *peeks* (reads without consuming) the changes committed after the checkpoint, in
+   commit order; each change's position is ``(commit LSN, seq)`` — ``seq`` its place in the
+   transaction — and the checkpoint cursor is ``{kind: "pg_lsn", value: commit LSN,
+   tiebreaker: {"seq": n}}``. A transaction larger than a page is split across pages and ticks.
+2. the tick sends the page (event ids from the position: duplicate detection drops re-sends);
+3. the tick commits the checkpoint (CAS, fencing);
+4. only then ``acknowledge`` advances the slot to what the landed checkpoint covers.
+
+A crash anywhere re-reads from the slot, which may be behind the checkpoint: changes at or
+before the checkpoint are skipped. The slot and the publication are created by
+``dbfanout validate --fix`` (or :func:`setup_sql`), never at tick time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from psycopg.adapt import Transformer
+from psycopg.pq import Format
+
+from poller.engines import db_errors, make_engine
+from poller.pgoutput import Change, Decoder, Relation
+from poller.ports import EventFields, Page, SourceRow
+from shared.config import PollerConfig
+from shared.errors import ConfigError, SourceError
+from shared.ids import source_fingerprint
+from shared.logs import get_logger, ids
+from shared.models import Checkpoint, Lsn, Position
+from shared.settings import redact_url
+
+__all__ = ["PgLogicalSource", "setup_sql"]
+
+log = get_logger("poller.pg_logical")
+
+_PEEK = sa.text(
+    "SELECT data FROM pg_logical_slot_peek_binary_changes("
+    "CAST(:slot AS name), NULL, :n, 'proto_version', '1', 'publication_names', :pub)"
+)
+_FLUSH = sa.text("SELECT CAST(pg_current_wal_flush_lsn() AS text)")
+_SLOT = sa.text(
+    "SELECT plugin, database, CAST(confirmed_flush_lsn AS text) AS confirmed, active, wal_status,"
+    " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) AS retained_bytes,"
+    " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) AS lag_bytes"
+    " FROM pg_replication_slots WHERE slot_name = :slot"
+)
+_ADVANCE = sa.text(
+    "SELECT pg_replication_slot_advance(CAST(:slot AS name), CAST(:lsn AS pg_lsn)) FROM pg_replication_slots"
+    " WHERE slot_name = :slot AND confirmed_flush_lsn < CAST(:lsn AS pg_lsn)"
+)
+_PRIMARY_KEY = sa.text(
+    "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
+    " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+    " WHERE i.indrelid = :oid AND i.indisprimary ORDER BY k.n"
+)
+_MIN_PEEK = 1024  # messages per peek at least (a change costs 1; a transaction 2 more)
+
+
+def setup_sql(config: PollerConfig) -> list[str]:
+    """The statements that create the publication, then the slot (that order: see the docs)."""
+    tables = ", ".join(_quote_table(t) for t in config.tables)
+    return [
+        f"CREATE PUBLICATION {config.publication} FOR TABLE {tables} WITH (publish = 'insert, update, delete')",
+        f"SELECT pg_create_logical_replication_slot('{config.slot}', 'pgoutput')",
+    ]
+
+
+def _quote_table(name: str) -> str:
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+
+
+@dataclass(slots=True)
+class _Buffer:
+    """Changes decoded by this tick's last peek (the slot does not move within a tick)."""
+
+    changes: list[Change]
+    keys: list[tuple[int, int]]
+    exhausted: bool  # the peek reached the end of the log
+    flushed: Lsn  # the log's flush position before that peek
+
+
+class PgLogicalSource:
+    """The :class:`~poller.ports.Source` port over a logical replication slot (``pgoutput``)."""
+
+    def __init__(self, config: PollerConfig, engine: sa.Engine | None = None) -> None:
+        if config.kind != "pg_logical" or not config.slot or not config.publication:
+            raise ConfigError(f"pollers.{config.name}.kind", 'PgLogicalSource needs kind = "pg_logical"')
+        self._config = config
+        self._engine = engine if engine is not None else make_engine(config.source_url)
+        if self._engine.dialect.name != "postgresql":
+            raise ConfigError(
+                f"pollers.{config.name}.kind",
+                f'kind = "pg_logical" needs PostgreSQL 10+ (this source is {self._engine.dialect.name})',
+            )
+        self._slot, self._publication = config.slot, config.publication
+        self._url = redact_url(config.source_url)
+        self._fingerprint = source_fingerprint(
+            {
+                "url": self._url,
+                "kind": "pg_logical",
+                "tables": list(config.tables),
+                "slot": self._slot,
+                "publication": self._publication,
+                "pk": list(config.pk),
+            }
+        )
+        self._pks: dict[int, tuple[str, ...]] = {}
+        self._checked = False
+        self._local = threading.local()  # pinned connection and this tick's buffer, per thread
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------------------ the port
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def fetch(self, after: Position | None, limit: int) -> Page:
+        with self._connection("fetch") as conn:
+            return Page(self._fetch(conn, _key(after), limit))
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """One connection and one decoded buffer for a tick's fetches (the slot does not move meanwhile)."""
+        self._local.pinning, self._local.conn, self._local.buffer = True, None, None
+        self._local.hints = {}  # where the slot may go, per position this tick returned last in a page
+        try:
+            yield
+        finally:
+            conn = self._local.conn
+            self._local.pinning, self._local.conn, self._local.buffer = False, None, None
+            if conn is not None:
+                with suppress(sa.exc.SQLAlchemyError):
+                    conn.close()
+
+    def acknowledge(self, checkpoint: Checkpoint) -> None:
+        """Advance the slot to what ``checkpoint`` (a landed write) covers; never past it.
+
+        To the end of the checkpoint's transaction when it was delivered whole, to its commit LSN
+        otherwise (the slot then re-sends it and the rest is read past the checkpoint); when the
+        last peek found nothing after the checkpoint, to the log position that peek read to, so
+        an idle slot does not hold WAL back. Best effort: the next tick acknowledges again.
+        """
+        key = _key(checkpoint.position)
+        if key is None:
+            return
+        hints: dict[tuple[int, int], Lsn] = getattr(self._local, "hints", None) or {}
+        target = hints.get(key, Lsn(key[0]))  # unknown: its commit LSN (its transaction stays)
+        try:
+            with self._connection("acknowledge") as conn:
+                conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
+                conn.commit()
+        except SourceError as exc:  # FetchError included: nothing is lost, the slot just lags
+            log.warning(
+                "poller %s: could not advance slot %s to %s: %s", self._config.name, self._slot, target, exc,
+                extra=ids(poller=self._config.name),
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing to release: the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
+
+    # ------------------------------------------------------------------------------ operator surface
+
+    def slot_status(self) -> dict[str, Any] | None:
+        """The slot as ``pg_replication_slots`` shows it (None when it does not exist)."""
+        with self._connection("slot status") as conn:
+            row = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
+            conn.rollback()
+        if row is None:
+            return None
+        return {
+            "slot": self._slot,
+            "publication": self._publication,
+            "plugin": row["plugin"],
+            "active": bool(row["active"]),
+            "wal_status": row["wal_status"],
+            "confirmed_flush_lsn": row["confirmed"],
+            "retained_wal_bytes": int(row["retained_bytes"] or 0),
+            "lag_bytes": int(row["lag_bytes"] or 0),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """What ``dbfanout validate`` prints for this poller (connects)."""
+        cfg = self._config
+        return {
+            "poller": cfg.name,
+            "url": self._url,
+            "dialect": "postgresql",
+            "mode": "pg_logical",
+            "source": ", ".join(cfg.tables),
+            "slot": self._slot,
+            "publication": self._publication,
+            "pk": list(cfg.pk) or "primary key",
+            "fingerprint": self._fingerprint,
+        }
+
+    # ------------------------------------------------------------------------------ reading
+
+    def _fetch(self, conn: sa.Connection, after: tuple[int, int] | None, limit: int) -> list[SourceRow]:
+        self._check_slot(conn)
+        buffer: _Buffer | None = self._local.buffer if getattr(self._local, "pinning", False) else None
+        if buffer is None or len(buffer.changes) - _after(buffer, after) < limit:
+            # Not enough decoded: peek again. The slot starts at its confirmed position, which may
+            # be behind ``after`` (the changes up to it are skipped), so read more until enough.
+            n = max(_MIN_PEEK, 3 * (limit + (len(buffer.changes) if buffer else 0)))
+            while True:
+                buffer = self._peek(conn, n)
+                if buffer.exhausted or len(buffer.changes) - _after(buffer, after) >= limit:
+                    break
+                n *= 2
+            if getattr(self._local, "pinning", False):
+                self._local.buffer = buffer
+        conn.rollback()  # no snapshot held between pages
+        start = _after(buffer, after)
+        picked = buffer.changes[start : start + limit]
+        self._hint(buffer, after, picked, start + len(picked) == len(buffer.changes))
+        return [self._row(conn, c) for c in picked]
+
+    def _hint(self, buffer: _Buffer, after: tuple[int, int] | None, picked: list[Change], to_end: bool) -> None:
+        """Remember how far the slot may go once the page's last position is a landed checkpoint.
+
+        Past the whole transaction when the page ends with its last change; to the log position
+        the peek read to when nothing relevant follows (so an idle slot does not hold WAL back).
+        """
+        hints: dict[tuple[int, int], Lsn] | None = getattr(self._local, "hints", None)
+        if hints is None:
+            return
+        last = picked[-1] if picked else None
+        key = last.key if last is not None else after
+        if key is None:
+            return
+        target = Lsn(key[0]) if last is None else last.end_lsn if last.last_in_txn else last.commit_lsn
+        if buffer.exhausted and to_end and (last is None or last.last_in_txn):
+            target = max(target, buffer.flushed)
+        hints[key] = Lsn(max(target, hints.get(key, 0)))
+
+    def _peek(self, conn: sa.Connection, n: int) -> _Buffer:
+        flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())
+        rows = conn.execute(_PEEK, {"slot": self._slot, "n": n, "pub": self._publication}).scalars().all()
+        decoder = Decoder(_loader(conn))
+        changes = [c for data in rows for c in decoder.feed(bytes(data)) if self._wanted(c)]
+        return _Buffer(changes, [c.key for c in changes], len(rows) < n, flushed)
+
+    def _wanted(self, change: Change) -> bool:
+        if change.kind == "truncate":
+            names = ", ".join(r.qualified for r in change.truncated)
+            self._warn_once(f"truncate-{change.commit_lsn}", "TRUNCATE of %s at %s is not delivered (a truncate "
+                            "has no rows; publish 'insert, update, delete')", names, change.commit_lsn)  # fmt: skip
+            return False
+        return _listed(change.relation, self._config.tables)
+
+    def _row(self, conn: sa.Connection, c: Change) -> SourceRow:
+        pk_cols = self._pk(conn, c.relation)
+        deleted = c.kind == "delete"
+        image = c.old if deleted else c.new
+        assert image is not None or deleted
+        source = image or {}
+        missing = [p for p in pk_cols if p not in source]
+        if missing:
+            raise SourceError(
+                f"poller {self._config.name}: {c.kind} on {c.relation.qualified} at {c.commit_lsn} lacks key "
+                f"column(s) {missing}",
+                hint=f"give {c.relation.qualified} a primary key (or REPLICA IDENTITY FULL), or set pk to its key",
+            )
+        before = c.old
+        if c.kind == "update" and c.old_is_key and c.old is not None:
+            before = {p: c.old[p] for p in pk_cols if p in c.old}  # the key changed: the old key
+        fields = EventFields(
+            pk={p: source[p] for p in pk_cols},
+            cursor=(c.commit_lsn, c.seq),
+            change=c.kind,
+            before=before,
+        )
+        # A delete has no new row: no values (the event's after is null; its old image is before).
+        return SourceRow(Position(c.commit_lsn, {"seq": c.seq}), dict(c.new or {}), deleted, fields)
+
+    def _pk(self, conn: sa.Connection, rel: Relation) -> tuple[str, ...]:
+        if self._config.pk:
+            return self._config.pk
+        pk = self._pks.get(rel.oid)
+        if pk is None:
+            pk = tuple(conn.execute(_PRIMARY_KEY, {"oid": rel.oid}).scalars())
+            if not pk and rel.replica_identity in ("d", "i"):
+                pk = rel.key_columns  # a REPLICA IDENTITY USING INDEX key
+            if not pk:
+                raise SourceError(
+                    f"poller {self._config.name}: table {rel.qualified} has no primary key",
+                    hint="add a primary key, or set pk to the columns that identify a row",
+                )
+            self._pks[rel.oid] = pk
+        return pk
+
+    def _check_slot(self, conn: sa.Connection) -> None:
+        if self._checked:
+            return
+        row = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
+        if row is None:
+            raise SourceError(
+                f"poller {self._config.name}: replication slot {self._slot!r} does not exist in {self._url}",
+                hint="create it (and the publication) with `dbfanout validate --fix`; see docs/operations.md",
+            )
+        if row["plugin"] != "pgoutput":
+            raise SourceError(
+                f"poller {self._config.name}: slot {self._slot!r} uses plugin {row['plugin']!r}, not pgoutput",
+                hint="drop it and recreate it with `dbfanout validate --fix`, or name another slot",
+            )
+        self._checked = True
+
+    # ------------------------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def _connection(self, op: str) -> Iterator[sa.Connection]:
+        with self._db_errors(op):
+            if not getattr(self._local, "pinning", False):
+                with self._engine.connect() as conn:
+                    yield conn
+                return
+            conn = self._local.conn
+            if conn is None:
+                conn = self._local.conn = self._engine.connect()
+            try:
+                yield conn
+            except BaseException:
+                with suppress(sa.exc.SQLAlchemyError):
+                    conn.rollback()
+                raise
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("poller %s: " + message, self._config.name, *args, extra=ids(poller=self._config.name))
+
+    def _db_errors(self, op: str) -> AbstractContextManager[None]:
+        return db_errors(f"poller {self._config.name}: {op} from slot {self._slot} at {self._url}",
+                         self._config.source_url)  # fmt: skip
+
+
+def _key(position: Position | None) -> tuple[int, int] | None:
+    if position is None:
+        return None
+    seq = position.pk.get("seq")
+    if not isinstance(position.cursor, int) or not isinstance(seq, int):
+        raise SourceError(
+            f"the checkpoint {position.cursor!r}/{dict(position.pk)} is not a pg_lsn position",
+            hint="this checkpoint was written by another source kind: `dbfanout checkpoint reset` the poller",
+        )
+    return (int(position.cursor), seq)
+
+
+def _after(buffer: _Buffer, key: tuple[int, int] | None) -> int:
+    return 0 if key is None else bisect.bisect_right(buffer.keys, key)
+
+
+def _listed(rel: Relation, tables: Sequence[str]) -> bool:
+    return any(t == rel.qualified or (t == rel.name and rel.schema == "public") for t in tables)
+
+
+def _loader(conn: sa.Connection) -> Any:
+    """Text → Python with psycopg's own loaders: the same types a keyset fetch returns."""
+    driver = conn.connection.driver_connection
+    tx = Transformer(driver)
+    loaders: dict[int, Any] = {}
+
+    def load(oid: int, data: bytes) -> Any:
+        loader = loaders.get(oid)
+        if loader is None:
+            loader = loaders[oid] = tx.get_loader(oid, Format.TEXT)
+        return loader.load(data)
+
+    return load
