@@ -54,9 +54,8 @@ class DyingSource(PgLogicalSource):
 
 def main(argv: list[str]) -> None:
     raw: dict[str, Any] = json.loads(argv[0])
-    raw["tables"] = tuple(raw["tables"])
-    raw["pk"] = tuple(raw["pk"])
-    config = PollerConfig(**raw)
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    config = PollerConfig(**fields)
     store = open_state_store(StorageConnection(connection_string=argv[1]), argv[2], "t", config.name)
     kill_at = argv[4]
     die_after = int(kill_at.split(":")[1]) if kill_at.startswith("send:") else None
