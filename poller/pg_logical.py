@@ -176,6 +176,10 @@ class PgLogicalSource:
 
     # ------------------------------------------------------------------------------ operator surface
 
+    @property
+    def slot(self) -> str:
+        return self._slot
+
     def slot_status(self) -> dict[str, Any] | None:
         """The slot as ``pg_replication_slots`` shows it (None when it does not exist)."""
         with self._connection("slot status") as conn:

@@ -33,6 +33,9 @@ def validate_command(
     poller: Annotated[str | None, typer.Argument(help="One poller (default: all)")] = None,
     json_out: JsonOption = False,
     config: ConfigOption = None,
+    fix: Annotated[
+        bool, typer.Option("--fix", help='Create what a kind = "pg_logical" poller needs: publication, then slot')
+    ] = False,
 ) -> None:
     """Check that every poller can run safely. Exit 1 when a check fails (warnings do not fail)."""
     with reporting_errors():
@@ -46,7 +49,7 @@ def validate_command(
             client = None
             checks.append(Check("*", "servicebus connection", "fail", f"{exc.key}: {exc.problem}"))
         for name in names:
-            checks.extend(validate_poller(cfg, name, client))
+            checks.extend(validate_poller(cfg, name, client, fix=fix))
     failed = [c for c in checks if c.status == "fail"]
     if json_out:
         print_json({"ok": not failed, "checks": [c.to_json() for c in checks]})

@@ -16,10 +16,12 @@ from dbfanout.ops.bus import is_emulator, peek_all
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
 from poller.engines import make_engine
+from poller.pg_logical import PgLogicalSource
 from poller.sources import open_source
 from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
-from shared.errors import DbFanoutError
+from shared.errors import DbFanoutError, SourceError
+from shared.models import Position
 
 __all__ = ["PENDING_LIMIT", "poller_status", "queue_depth", "storage_queue_depth"]
 
@@ -81,6 +83,9 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     except Exception as exc:  # storage down: still show the source side
         out["state_error"] = _error(exc)
     try:
+        if isinstance(source, PgLogicalSource):
+            out["source"] = _slot_source(source, position)
+            return out
         newest = _newest_cursor(cfg)
         page = source.fetch(position, PENDING_LIMIT)
         out["source"] = {
@@ -92,6 +97,20 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     except Exception as exc:  # database down: still show the state side
         out["source_error"] = _error(exc)
     return out
+
+
+def _slot_source(source: PgLogicalSource, position: Position | None) -> dict[str, Any]:
+    """A pg_logical poller: its slot (WAL it retains, how far behind it is) and pending changes."""
+    slot = source.slot_status()
+    if slot is None:
+        raise SourceError(f"replication slot {source.slot!r} does not exist (create it: `dbfanout validate --fix`)")
+    page = source.fetch(position, PENDING_LIMIT)
+    mib = 1024 * 1024
+    return {
+        **slot,
+        "pending_rows": len(page) if len(page) < PENDING_LIMIT else f">={PENDING_LIMIT}",
+        "lag": f"{slot['lag_bytes'] / mib:.1f} MiB of WAL (retains {slot['retained_wal_bytes'] / mib:.1f} MiB)",
+    }
 
 
 def queue_depth(config: Config, client: ServiceBusClient, queue: str) -> dict[str, Any]:

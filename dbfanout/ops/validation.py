@@ -65,8 +65,13 @@ def needed_window_seconds(cfg: PollerConfig) -> float:
     return cfg.lease_ttl_seconds + (schedule_interval_seconds(cfg.schedule) or 0) + cfg.time_budget_seconds
 
 
-def _source_checks(cfg: PollerConfig) -> Iterator[Check]:
+def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
     p = cfg.name
+    if cfg.kind == "pg_logical":
+        from dbfanout.ops.slot_checks import slot_checks  # imports Check from here
+
+        yield from slot_checks(cfg, fix=fix)
+        return
     try:
         cfg.require_settings()  # the error the deployed poller's ticks would fail with
     except ConfigError as exc:
@@ -199,10 +204,10 @@ def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]
         yield Check(p, "message size", "fail", f"max_message_bytes {cfg.max_message_bytes} > the queue's {size}")
 
 
-def validate_poller(config: Config, name: str, client: ServiceBusClient | None) -> list[Check]:
-    """Every check of one poller (database, state, queue)."""
+def validate_poller(config: Config, name: str, client: ServiceBusClient | None, *, fix: bool = False) -> list[Check]:
+    """Every check of one poller (database, state, queue). ``fix``: create a missing slot/publication."""
     cfg = config.poller(name)
-    checks = [*_source_checks(cfg), *_state_checks(config, cfg)]
+    checks = [*_source_checks(cfg, fix), *_state_checks(config, cfg)]
     if cfg.transport != "servicebus" or client is None:
         checks.append(Check(name, "queue", "skip", "not a Service Bus poller, or no Service Bus connection"))
         return checks

@@ -19,7 +19,7 @@ from typer.testing import CliRunner, Result
 from dbfanout.cli import app
 from dbfanout.commands.common import load
 from poller.sink_servicebus import ServiceBusSink
-from poller.source import SqlSource
+from poller.sources import open_source
 from poller.state_blob import BlobStateStore, open_state_store
 from poller.tick import TickResult, run_tick
 from sbemulator import Emulator
@@ -89,7 +89,7 @@ class Workspace:
 
     def tick(self, poller: str = "orders", sink: Any = None, owner_id: str = "poller-1") -> TickResult:
         cfg = self.config.poller(poller)
-        return run_tick(cfg, SqlSource(cfg), self.store(poller), sink or RecordingSink(), owner_id=owner_id)
+        return run_tick(cfg, open_source(cfg), self.store(poller), sink or RecordingSink(), owner_id=owner_id)
 
     def drain(self, poller: str = "orders") -> RecordingSink:
         """Tick until caught up with a recording sink; returns what it accepted."""

@@ -41,10 +41,10 @@ class LogicalTable:
         self.engine = sa.create_engine(url)
         self.config = poller_config(url, self.name)
 
-    def create(self, ddl: str = "id INTEGER PRIMARY KEY, v TEXT, n INTEGER") -> None:
+    def create(self, ddl: str = "id INTEGER PRIMARY KEY, v TEXT, n INTEGER", *, slot: bool = True) -> None:
         with self.engine.begin() as conn:
             conn.execute(sa.text(f"CREATE TABLE {self.name} ({ddl})"))
-        for statement in setup_sql(self.config):  # a slot is created in a transaction of its own
+        for statement in setup_sql(self.config) if slot else ():  # a slot is created in a transaction of its own
             with self.engine.begin() as conn:
                 conn.execute(sa.text(statement))
 
@@ -96,14 +96,15 @@ def poller_config(url: str, table: str, **more: Any) -> PollerConfig:
 
 
 @contextmanager
-def logical_table(pg_url: str) -> Iterator[LogicalTable]:
-    """A fresh published table with its slot; skips unless wal_level = logical; always drops all."""
+def logical_table(pg_url: str, *, slot: bool = True) -> Iterator[LogicalTable]:
+    """A fresh table with its publication and slot (``slot=False``: neither); skips unless
+    wal_level = logical; always drops all three."""
     reason = logical_reason(pg_url)
     if reason:
         pytest.skip(reason)
     table = LogicalTable(pg_url)
     try:
-        table.create()
+        table.create(slot=slot)
         yield table
     finally:
         table.drop()

@@ -1,0 +1,162 @@
+"""``dbfanout validate`` for a ``kind = "pg_logical"`` poller: server, publication, slot, WAL held.
+
+With ``--fix`` the publication and the slot are created (publication first: a slot decodes with
+the catalog as of each change, so a publication created after the slot is unknown to the changes
+before it). Nothing else ever creates them: a tick that finds no slot fails and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import sqlalchemy as sa
+
+from dbfanout.ops.validation import Check
+from poller.engines import make_engine
+from poller.pg_logical import PgLogicalSource, setup_sql
+from shared.config import PollerConfig
+
+__all__ = ["DEFAULT_RETAINED_WARN_BYTES", "slot_checks"]
+
+#: An inactive slot holding more WAL than this is worth a look (disk on the server fills up).
+DEFAULT_RETAINED_WARN_BYTES = 1024**3
+
+_PUBLISHED = sa.text("SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = :pub")
+_IDENTITY = sa.text(
+    "SELECT c.relreplident, EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)"
+    " FROM pg_class c WHERE c.oid = to_regclass(:table)"
+)
+
+
+def slot_checks(
+    cfg: PollerConfig, *, fix: bool = False, retained_warn_bytes: int = DEFAULT_RETAINED_WARN_BYTES
+) -> Iterator[Check]:
+    """The checks (and, with ``fix``, the repairs) of one pg_logical poller."""
+    p = cfg.name
+    try:
+        with make_engine(cfg.source_url).connect() as conn:
+            level = conn.execute(sa.text("SHOW wal_level")).scalar()
+            if level != "logical":
+                yield Check(
+                    p,
+                    "wal_level",
+                    "fail",
+                    f"wal_level is {level}: set it to logical and restart the server "
+                    "(Azure Flexible Server: server parameter wal_level = LOGICAL); see docs/operations.md",
+                )
+                return
+            yield Check(p, "wal_level", "ok", "logical")
+            yield from _table_checks(conn, cfg)
+            yield from _publication_check(conn, cfg, fix)
+        yield from _slot_check(cfg, fix, retained_warn_bytes)
+    except Exception as exc:  # a database error is a failed check, never a crash of validate
+        yield Check(p, "pg_logical", "fail", f"{type(exc).__name__}: {exc}")
+
+
+def _table_checks(conn: sa.Connection, cfg: PollerConfig) -> Iterator[Check]:
+    for table in cfg.tables:
+        row = conn.execute(_IDENTITY, {"table": table}).first()
+        if row is None:
+            yield Check(cfg.name, "table", "fail", f"table {table} does not exist")
+            continue
+        identity, has_pk = row[0], row[1]
+        if not has_pk and not cfg.pk:
+            yield Check(cfg.name, "table", "fail", f"{table} has no primary key: add one, or set pk")
+        elif identity == "n":
+            yield Check(
+                cfg.name,
+                "replica identity",
+                "fail",
+                f"{table} has REPLICA IDENTITY NOTHING: updates "
+                "and deletes cannot be decoded; ALTER TABLE ... REPLICA IDENTITY DEFAULT (or FULL)",
+            )
+        else:
+            what = "deletes carry the whole old row" if identity == "f" else "deletes carry the old key only"
+            yield Check(
+                cfg.name, "replica identity", "ok", f"{table}: {'FULL' if identity == 'f' else 'DEFAULT'} ({what})"
+            )
+
+
+def _publication_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator[Check]:
+    assert cfg.publication is not None
+    exists = conn.execute(sa.text("SELECT 1 FROM pg_publication WHERE pubname = :pub"), {"pub": cfg.publication})
+    create, _ = setup_sql(cfg)
+    if exists.first() is None:
+        if not fix:
+            yield Check(
+                cfg.name,
+                "publication",
+                "fail",
+                f"{cfg.publication} does not exist: run `dbfanout validate --fix`, or: {create}",
+            )
+            return
+        conn.execute(sa.text(create))
+        conn.commit()
+        yield Check(cfg.name, "publication", "ok", f"created: {create}")
+        return
+    published = set(conn.execute(_PUBLISHED, {"pub": cfg.publication}).scalars())
+    missing = [t for t in cfg.tables if (t if "." in t else f"public.{t}") not in published]
+    if missing and fix:
+        conn.execute(sa.text(f"ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)}"))
+        conn.commit()
+        yield Check(cfg.name, "publication", "ok", f"{cfg.publication}: added {', '.join(missing)}")
+    elif missing:
+        yield Check(
+            cfg.name,
+            "publication",
+            "fail",
+            f"{cfg.publication} does not publish {', '.join(missing)}: "
+            f"ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)} (or --fix)",
+        )
+    else:
+        yield Check(cfg.name, "publication", "ok", f"{cfg.publication} publishes {', '.join(cfg.tables)}")
+
+
+def _slot_check(cfg: PollerConfig, fix: bool, warn_bytes: int) -> Iterator[Check]:
+    source = PgLogicalSource(cfg)
+    slot = source.slot_status()
+    if slot is None:
+        _, create = setup_sql(cfg)
+        if not fix:
+            yield Check(
+                cfg.name,
+                "slot",
+                "fail",
+                f"replication slot {source.slot} does not exist: run `dbfanout validate --fix`, or: {create}",
+            )
+            return
+        with make_engine(cfg.source_url).begin() as conn:  # a transaction of its own (no writes before it)
+            conn.execute(sa.text(create))
+        yield Check(cfg.name, "slot", "ok", f"created: {create}")
+        return
+    yield from _slot_health(cfg, slot, warn_bytes)
+
+
+def _slot_health(cfg: PollerConfig, slot: dict[str, Any], warn_bytes: int) -> Iterator[Check]:
+    name, retained = slot["slot"], slot["retained_wal_bytes"]
+    if slot["plugin"] != "pgoutput":
+        yield Check(cfg.name, "slot", "fail", f"{name} uses {slot['plugin']}, not pgoutput: drop and re-create it")
+    elif slot["wal_status"] == "lost":
+        yield Check(
+            cfg.name,
+            "slot",
+            "fail",
+            f"{name} lost WAL it needed (max_slot_wal_keep_size): changes are "
+            "missing; see 'Slot lost' in docs/operations.md",
+        )
+    elif not slot["active"] and retained > warn_bytes:
+        yield Check(
+            cfg.name,
+            "slot",
+            "warn",
+            f"{name} is inactive and retains {retained / 1024**2:.0f} MiB of WAL "
+            "(is the poller running and caught up?); see 'WAL retention' in docs/operations.md",
+        )
+    else:
+        yield Check(
+            cfg.name,
+            "slot",
+            "ok",
+            f"{name} at {slot['confirmed_flush_lsn']}, retains {retained / 1024**2:.1f} MiB of WAL",
+        )

@@ -1,0 +1,88 @@
+"""validate (--fix) and status for a kind = "pg_logical" poller: real PostgreSQL, Azurite, emulator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from tests.cli.conftest import Workspace
+from tests.poller.pg_logical_support import LogicalTable, logical_table
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def unset_up(pg_url: str) -> Iterator[LogicalTable]:
+    """A table with neither publication nor slot (validate --fix creates both; dropped afterwards)."""
+    with logical_table(pg_url, slot=False) as table:
+        yield table
+
+
+def _add_poller(workspace: Workspace, table: LogicalTable, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PG_LOGICAL_URL", table.url)
+    workspace.config_path.write_text(
+        workspace.config_path.read_text()
+        + f'\n[pollers.changes]\nkind = "pg_logical"\nsource_url = "${{PG_LOGICAL_URL}}"\ntables = ["{table.name}"]\n'
+        + f'slot = "{table.config.slot}"\npublication = "{table.config.publication}"\nqueue = "{workspace.queue}"\n'
+    )
+
+
+def _checks(stdout: str) -> dict[str, str]:
+    return {c["name"]: c["status"] for c in json.loads(stdout)["checks"]}
+
+
+def test_validate_fix_creates_the_publication_and_the_slot_and_status_shows_the_slot(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _add_poller(workspace, unset_up, monkeypatch)
+    # Given no publication and no slot: validate fails and names the fix, and a tick fails too
+    result = workspace.run("validate", "changes", "--json")
+    assert result.exit_code == 1
+    checks = _checks(result.stdout)
+    assert checks["wal_level"] == "ok" and checks["publication"] == "fail" and checks["slot"] == "fail"
+    assert "--fix" in result.stdout
+    # When validate --fix runs
+    fixed = workspace.run("validate", "changes", "--json", "--fix")
+    # Then both exist and every check of the source holds
+    assert _checks(fixed.stdout)["slot"] == "ok", fixed.stdout
+    assert _checks(workspace.run("validate", "changes", "--json").stdout)["slot"] == "ok"
+    assert unset_up.confirmed_flush() > 0
+    # And status shows the slot (WAL retained, lag) and the pending changes
+    unset_up.insert(range(3))
+    unset_up.sql("DELETE FROM {t} WHERE id = 0")
+    status = workspace.run("status", "changes", "--json")
+    assert status.exit_code == 0, status.stdout + status.stderr
+    (row,) = json.loads(status.stdout)
+    source = row["source"]
+    assert source["slot"] == unset_up.config.slot and source["pending_rows"] == 4
+    assert source["retained_wal_bytes"] >= source["lag_bytes"] > 0
+    # And after a tick nothing is pending and the slot has caught up with what was delivered
+    workspace.tick("changes")
+    (after,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+    assert after["source"]["pending_rows"] == 0
+    assert after["checkpoint"]["cursor"]["kind"] == "pg_lsn"
+
+
+def test_validate_names_a_table_missing_from_the_publication(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _add_poller(workspace, unset_up, monkeypatch)
+    other = f"{unset_up.name}_b"
+    with unset_up.engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {other} (id INTEGER PRIMARY KEY)"))
+    try:
+        assert workspace.run("validate", "changes", "--fix").exit_code == 0
+        workspace.config_path.write_text(
+            workspace.config_path.read_text().replace(
+                f'tables = ["{unset_up.name}"]', f'tables = ["{unset_up.name}", "{other}"]'
+            )
+        )
+        result = workspace.run("validate", "changes", "--json")
+        assert _checks(result.stdout)["publication"] == "fail" and other in result.stdout
+        assert _checks(workspace.run("validate", "changes", "--json", "--fix").stdout)["publication"] == "ok"
+    finally:
+        with unset_up.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {other}"))
