@@ -214,19 +214,20 @@ class OutboxSource:
                 present = {c["name"] for c in sa.inspect(conn).get_columns(name, schema=schema or None)}
         except sa.exc.NoSuchTableError:
             raise ConfigError(
-                key,
-                f"outbox table {self._config.table!r} does not exist in {self._url}",
-                hint="create it: dbfanout validate prints the DDL, see docs/outbox.md",
+                key, f"outbox table {self._config.table!r} does not exist in {self._url}", hint=self._ddl_hint()
             ) from None
         needed = (*COLUMNS, "txid") if self._horizon else COLUMNS
         missing = [c for c in needed if c not in present]
         if missing:
-            ddl = ";\n".join(outbox_ddl(self._dialect, str(self._config.table)))
             raise ConfigError(
                 key,
                 f"outbox table {self._config.table!r} lacks column(s) {', '.join(missing)}",
-                hint=f"the {self._dialect} outbox table is:\n{ddl}",
+                hint=self._ddl_hint(),
             )
+
+    def _ddl_hint(self) -> str:
+        ddl = ";\n".join(outbox_ddl(self._dialect, str(self._config.table)))
+        return f"create it as (docs/outbox.md; or shared.outbox.create_outbox):\n{ddl};"
 
     def _index_gap(self, conn: sa.Connection) -> str | None:
         """The settle window's ``created_at`` index (the keyset's own index is checked underneath)."""

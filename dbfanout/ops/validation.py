@@ -95,6 +95,8 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
         yield Check(p, "index", "fail", info["index_warning"])
     elif info["mode"] == "table":
         yield Check(p, "index", "ok", f"an index leads with ({', '.join([cfg.cursor, *cfg.pk])})")
+    elif info["mode"] == "outbox":
+        yield from _outbox_checks(cfg, info)
     if info["cursor_kind"] == "float":
         yield Check(p, "cursor type", "warn", "a float cursor loses precision; prefer an integer or timestamp")
     stamps = [v for r in page.rows if isinstance(v := r.values.get(cfg.cursor), dt.datetime)]
@@ -122,6 +124,18 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
         except OversizeRowError as exc:
             status = "fail" if cfg.oversize_policy == "error" else "warn"
             yield Check(p, "message size", status, f"{exc} (oversize_policy = {cfg.oversize_policy!r})")
+
+
+def _outbox_checks(cfg: PollerConfig, info: dict[str, Any]) -> Iterator[Check]:
+    p = cfg.name
+    yield Check(p, "index", "ok", f"the outbox is read in ({info['cursor']}) order through an index")
+    if cfg.outbox_retention_seconds is None:
+        yield Check(p, "outbox retention", "warn", "outbox_retention_seconds unset: delivered rows are never pruned")
+    else:
+        yield Check(
+            p, "outbox retention", "ok",
+            f"delivered rows older than {cfg.outbox_retention_seconds:g} s are pruned after each tick",
+        )  # fmt: skip
 
 
 def _state_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
