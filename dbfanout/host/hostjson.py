@@ -1,8 +1,9 @@
 """The parts of ``host.json`` the local host honours, with the Functions host's defaults.
 
 Service Bus extension 5.x (``extensions.serviceBus``): ``autoCompleteMessages`` true,
-``maxAutoLockRenewalDuration`` 00:05:00, ``maxConcurrentCalls`` 16, ``prefetchCount`` 0,
-``maxMessageBatchSize`` 1000. Storage Queues extension 5.x (``extensions.queues``): ``batchSize`` 16,
+``maxAutoLockRenewalDuration`` 00:05:00, ``maxConcurrentCalls`` 16, ``maxConcurrentSessions`` 8,
+``prefetchCount`` 0, ``maxMessageBatchSize`` 1000; ``clientRetryOptions.mode`` is checked against the
+values the published host.json schema allows. Storage Queues extension 5.x (``extensions.queues``): ``batchSize`` 16,
 ``newBatchThreshold`` batchSize/2, ``maxPollingInterval`` 00:01:00, ``visibilityTimeout`` 00:00:00,
 ``maxDequeueCount`` 5, ``messageEncoding`` base64. ``logging.logLevel.default`` / ``Function`` set
 the log level.
@@ -52,6 +53,8 @@ class ServiceBusOptions:
     max_concurrent_calls: int = 16
     prefetch_count: int = 0
     max_message_batch_size: int = 1000
+    max_concurrent_sessions: int = 8
+    client_retry_mode: str = "exponential"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,26 @@ def _int(
     return value
 
 
+# SchemaStore's host.json schema (src/schemas/json/host.json, definitions.version-2-ext-5):
+# extensions.serviceBus.clientRetryOptions.mode is an enum of these lower-case values.
+_RETRY_MODES = ("exponential", "fixed")
+
+
+def _retry_mode(section: dict[str, Any]) -> str:
+    key = "host.json extensions.serviceBus.clientRetryOptions"
+    retry = section.get("clientRetryOptions", {})
+    if not isinstance(retry, dict):
+        raise ConfigError(key, f"must be an object (got {retry!r})")
+    mode = retry.get("mode", "exponential")
+    if mode not in _RETRY_MODES:
+        raise ConfigError(
+            f"{key}.mode",
+            f"must be one of {', '.join(_RETRY_MODES)} (got {mode!r})",
+            hint="the host.json schema's values are lower-case",
+        )
+    return str(mode)
+
+
 def _service_bus(section: dict[str, Any]) -> ServiceBusOptions:
     auto = section.get("autoCompleteMessages", True)
     if not isinstance(auto, bool):
@@ -102,6 +125,8 @@ def _service_bus(section: dict[str, Any]) -> ServiceBusOptions:
         max_concurrent_calls=_int(section, "maxConcurrentCalls", 16, 1),
         prefetch_count=_int(section, "prefetchCount", 0, 0),
         max_message_batch_size=_int(section, "maxMessageBatchSize", 1000, 1),
+        max_concurrent_sessions=_int(section, "maxConcurrentSessions", 8, 1),
+        client_retry_mode=_retry_mode(section),
     )
 
 
