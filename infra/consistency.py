@@ -234,6 +234,35 @@ def check_parameters(infra: Path) -> list[Problem]:
     return problems
 
 
+# The oldest Python the code runs on (pyproject.toml requires-python; it needs tomllib), and the
+# newest the templates may offer (Flex Consumption's Python stacks that the code was checked on).
+MIN_PYTHON = (3, 11)
+_PYTHON_PARAM = re.compile(
+    r"@allowed\(\[(?P<allowed>[^\]]*)\]\)\s*param\s+pythonVersion\s+string\s*=\s*'(?P<default>[^']*)'"
+)
+
+
+def check_python_version(infra: Path) -> list[Problem]:
+    """Every template's ``pythonVersion`` offers only versions the code supports."""
+    problems: list[Problem] = []
+    for path in _bicep_files(infra):
+        for m in _PYTHON_PARAM.finditer(path.read_text(encoding="utf-8")):
+            allowed = re.findall(r"'([^']*)'", m.group("allowed"))
+            too_old = [v for v in allowed if tuple(int(x) for x in v.split(".")) < MIN_PYTHON]
+            if too_old:
+                problems.append(
+                    Problem(
+                        "python",
+                        _rel(path, infra),
+                        f"pythonVersion allows {', '.join(too_old)}; the code needs Python "
+                        f"{'.'.join(map(str, MIN_PYTHON))} or later",
+                    )
+                )
+            if m.group("default") not in allowed:
+                problems.append(Problem("python", _rel(path, infra), "pythonVersion's default is not allowed"))
+    return problems
+
+
 def _parameter_values(infra: Path) -> dict[str, Any]:
     try:
         given = json.loads((infra / "main.parameters.json").read_text(encoding="utf-8"))["parameters"]
@@ -420,6 +449,7 @@ def check_outputs(infra: Path) -> list[Problem]:
 
 def check_all(infra: Path, configs: Iterable[Path] = ()) -> list[Problem]:
     problems = check_app_settings(infra) + check_parameters(infra) + check_roles(infra) + check_outputs(infra)
+    problems += check_python_version(infra)
     for config in configs:
         problems += check_config(infra, config)
     return problems

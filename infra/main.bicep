@@ -67,7 +67,6 @@ param maximumInstanceCount int = 40
 
 @description('Python version of the function app.')
 @allowed([
-  '3.10'
   '3.11'
   '3.12'
 ])

@@ -54,7 +54,6 @@ param maximumInstanceCount int = 40
 
 @description('Python version of the Flex Consumption runtime.')
 @allowed([
-  '3.10'
   '3.11'
   '3.12'
 ])

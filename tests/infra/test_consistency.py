@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -227,6 +228,20 @@ def test_state_container_and_connection_prefixes_must_match(consistency: ModuleT
     )
     (tmp_path / "c.toml").write_text(config, encoding="utf-8")
     assert checks_of(consistency.check_config(INFRA, tmp_path / "c.toml")) == {"state-container", "connections"}
+
+
+def test_python_versions_the_code_does_not_support_are_rejected(consistency: ModuleType, infra_copy: Path) -> None:
+    # Given a template that offers Python 3.10 again (the code needs tomllib, 3.11+)
+    replace_once(infra_copy / "main.bicep", "@allowed([\n  '3.11'", "@allowed([\n  '3.10'\n  '3.11'")
+    # Then the gate names it
+    problems = consistency.check_python_version(infra_copy)
+    assert [p.where for p in problems] == ["infra/main.bicep"] and "3.10" in problems[0].message
+
+
+def test_the_minimum_python_is_the_projects(consistency: ModuleType) -> None:
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    minimum = tuple(int(x) for x in requires.removeprefix(">=").split("."))
+    assert minimum == consistency.MIN_PYTHON
 
 
 def test_an_undeclared_or_missing_parameter_is_named(consistency: ModuleType, infra_copy: Path) -> None:
