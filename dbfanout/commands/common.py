@@ -23,6 +23,7 @@ __all__ = [
     "EXIT_USAGE",
     "ConfigOption",
     "JsonOption",
+    "app_root_of",
     "console",
     "fail",
     "load",
@@ -45,13 +46,18 @@ console = Console(stderr=False)
 err_console = Console(stderr=True)
 
 
+def app_root_of(config_path: Path | None) -> Path:
+    """The app root a command works from: the config file's folder, else the current directory."""
+    return config_path.resolve().parent if config_path else Path.cwd()
+
+
 def load(config_path: Path | None, app_root: Path | None = None, *, lenient_settings: bool = False) -> Config:
     """Settings (environment over local.settings.json) and the config, as the Functions app reads them.
 
     ``lenient_settings``: a poller whose ``source_url`` setting is missing is marked instead of
     failing the load (``validate`` reports it per poller, as the deployed app fails its ticks).
     """
-    root = app_root or (config_path.resolve().parent if config_path else Path.cwd())
+    root = app_root or app_root_of(config_path)
     return load_config(config_path, app_root=root, settings=load_settings(root), lenient_settings=lenient_settings)
 
 

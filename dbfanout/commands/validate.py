@@ -1,4 +1,4 @@
-"""``dbfanout validate [POLLER] [--json]``: config, database, index, cursor hazards, state and queue checks."""
+"""``dbfanout validate [POLLER] [--json]``: config, handler, database, index, cursor hazards, state and queue checks."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dbfanout.commands.common import (
     EXIT_CHECK_FAILED,
     ConfigOption,
     JsonOption,
+    app_root_of,
     console,
     load,
     print_json,
@@ -49,7 +50,7 @@ def validate_command(
             client = None
             checks.append(Check("*", "servicebus connection", "fail", f"{exc.key}: {exc.problem}"))
         for name in names:
-            checks.extend(validate_poller(cfg, name, client, fix=fix))
+            checks.extend(validate_poller(cfg, name, client, fix=fix, app_root=app_root_of(config)))
     failed = [c for c in checks if c.status == "fail"]
     if json_out:
         print_json({"ok": not failed, "checks": [c.to_json() for c in checks]})

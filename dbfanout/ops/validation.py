@@ -1,5 +1,8 @@
 """``dbfanout validate``: everything a poller needs, checked before it runs.
 
+The handler is imported the way the worker imports it (:func:`worker.handlers.load_handler`,
+from the app root), so a missing module or function shows here, not at the first message.
+
 Each check is a :class:`Check` with a status: ``ok``, ``warn`` (works, but read the advice),
 ``fail`` (will break, lose or stall data: exit 1) or ``skip`` (cannot be checked from here, e.g.
 queue properties against the emulator, which has no management API).
@@ -10,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from azure.servicebus import ServiceBusClient
@@ -21,6 +25,7 @@ from poller.sources import open_source
 from shared.config import Config, PollerConfig
 from shared.errors import ConfigError, DbFanoutError, OversizeRowError
 from shared.messages import pack_batch
+from worker.handlers import load_handler
 
 __all__ = ["Check", "schedule_interval_seconds", "validate_poller"]
 
@@ -218,10 +223,40 @@ def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]
         yield Check(p, "message size", "fail", f"max_message_bytes {cfg.max_message_bytes} > the queue's {size}")
 
 
-def validate_poller(config: Config, name: str, client: ServiceBusClient | None, *, fix: bool = False) -> list[Check]:
-    """Every check of one poller (database, state, queue). ``fix``: create a missing slot/publication."""
+def _handler_check(cfg: PollerConfig, app_root: Path | None) -> Check:
+    """Import the handler exactly as the worker will (``module:function`` from the app root)."""
+    key = f"pollers.{cfg.name}.handler"
+    if cfg.handler is None:
+        return Check(
+            cfg.name,
+            "handler",
+            "warn",
+            f"{key} is not set: this app's worker fails (and finally dead-letters) every message of this "
+            "poller; fine only when another app consumes its queue",
+        )
+    try:
+        load_handler(cfg.handler, key=key, app_root=app_root)
+    except ConfigError as exc:
+        return Check(cfg.name, "handler", "fail", f"{exc.key}: {exc.problem}")
+    except Exception as exc:  # the module imports, but raises while it does (the worker would too)
+        return Check(cfg.name, "handler", "fail", f"importing {cfg.handler!r} raised {type(exc).__name__}: {exc}")
+    return Check(cfg.name, "handler", "ok", f"{cfg.handler} imports and is callable")
+
+
+def validate_poller(
+    config: Config,
+    name: str,
+    client: ServiceBusClient | None,
+    *,
+    fix: bool = False,
+    app_root: Path | None = None,
+) -> list[Check]:
+    """Every check of one poller (handler, database, state, queue).
+
+    ``fix``: create a missing slot/publication; ``app_root``: where handlers import from.
+    """
     cfg = config.poller(name)
-    checks = [*_source_checks(cfg, fix), *_state_checks(config, cfg)]
+    checks = [_handler_check(cfg, app_root), *_source_checks(cfg, fix), *_state_checks(config, cfg)]
     if cfg.transport != "servicebus" or client is None:
         checks.append(Check(name, "queue", "skip", "not a Service Bus poller, or no Service Bus connection"))
         return checks

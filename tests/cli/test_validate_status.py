@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -67,6 +68,57 @@ def test_validate_reports_a_pollers_missing_setting_and_still_checks_the_others(
     unset = checks[("unset", "source")]
     assert unset["status"] == "fail" and "DBFANOUT_TEST_UNSET_DB_URL is not set" in unset["detail"]
     assert checks[("orders", "source")]["status"] == "ok" and checks[("orders", "queue")]["status"] == "ok"
+
+
+def _with_handler(workspace, spec: str) -> None:
+    text = workspace.config_path.read_text()
+    workspace.config_path.write_text(text.replace('pk = ["id"]', f'pk = ["id"]\nhandler = "{spec}"', 1))
+
+
+def _handler_check(result) -> dict[str, str]:
+    checks: list[dict[str, str]] = json.loads(result.stdout)["checks"]
+    [check] = [c for c in checks if c["name"] == "handler"]
+    return check
+
+
+def test_validate_imports_the_handler_from_the_app_root_like_the_worker(workspace):
+    # Given a handler module beside dbfanout.toml (the app root)
+    module = f"h_{uuid.uuid4().hex[:10]}"
+    (workspace.root / f"{module}.py").write_text("def handle(events, context):\n    pass\n")
+    _with_handler(workspace, f"{module}:handle")
+    workspace.source.upsert([1])
+    # When validate runs; Then the handler check holds
+    result = workspace.run("validate", "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert _handler_check(result)["status"] == "ok"
+
+
+def test_validate_fails_on_a_handler_module_that_does_not_exist(workspace):
+    # Given a poller whose handler module is not in the app
+    module = f"missing_{uuid.uuid4().hex[:10]}"
+    _with_handler(workspace, f"{module}:handle")
+    workspace.source.upsert([1])
+    # When validate runs; Then it fails, naming the poller, the key and the module
+    result = workspace.run("validate", "--json")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    check = _handler_check(result)
+    assert check["status"] == "fail" and check["poller"] == "orders"
+    assert "pollers.orders.handler" in check["detail"] and module in check["detail"]
+    # And the table output says it too
+    table = workspace.run("validate")
+    assert table.exit_code == 1 and "1 check(s) failed" in table.stdout
+
+
+def test_validate_fails_on_a_handler_function_that_does_not_exist(workspace):
+    # Given a module that exists but has no such function
+    module = f"h_{uuid.uuid4().hex[:10]}"
+    (workspace.root / f"{module}.py").write_text("def other(events, context):\n    pass\n")
+    _with_handler(workspace, f"{module}:handle")
+    # When validate runs; Then it fails, naming the function
+    result = workspace.run("validate", "--json")
+    assert result.exit_code == 1
+    check = _handler_check(result)
+    assert check["status"] == "fail" and check["poller"] == "orders" and "'handle'" in check["detail"]
 
 
 def test_validate_of_an_unknown_poller_or_a_broken_config_is_a_usage_error(workspace):
