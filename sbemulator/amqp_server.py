@@ -19,6 +19,7 @@ from typing import Any
 import cproton  # type: ignore[import-untyped]
 from proton import Collector, Condition, Connection, Event, Transport, symbol
 
+from sbemulator.frames import DeliveryIdSequencer
 from sbemulator.links import LinkHandler
 
 log = logging.getLogger("sbemulator.server")
@@ -54,6 +55,7 @@ class _Conn:
     transport: Transport
     connection: Connection
     collector: Collector = field(default_factory=Collector)
+    sequencer: DeliveryIdSequencer = field(default_factory=DeliveryIdSequencer)
     write_wanted: bool = False
 
 
@@ -77,6 +79,7 @@ class AmqpServer:
         # Reused I/O buffers (the loop is single-threaded): no allocation per read or write.
         self._recv_buf = bytearray(RECV_CHUNK)
         self._recv_ptr = _ffi.from_buffer(self._recv_buf)
+        self._recv_view = memoryview(self._recv_buf)
         self._send_buf = bytearray(SEND_CHUNK)
         self._send_ptr = _ffi.from_buffer(self._send_buf)
         self._send_view = memoryview(self._send_buf)
@@ -174,11 +177,15 @@ class AmqpServer:
                 self._close(conn, "transport closed its input")
                 return
             buf = self._recv_buf  # received straight into one reused buffer, handed to proton from there
-            n = conn.sock.recv_into(buf, max(1, min(capacity, RECV_CHUNK)))
+            # Leave room for bytes the sequencer held back or grew (a renumbered delivery-id).
+            room = capacity - conn.sequencer.held - 32
+            n = conn.sock.recv_into(buf, max(1, min(room, RECV_CHUNK)))
             if n:
-                pushed = _lib.pn_transport_push(t, self._recv_ptr, n)
-                if pushed != n:  # an error code, or input beyond the capacity it reported
-                    raise OSError(f"proton took {pushed} of {n} bytes")
+                fixed = conn.sequencer.feed(self._recv_view[:n])
+                ptr, size = (self._recv_ptr, n) if fixed is None else (_ffi.from_buffer(fixed), len(fixed))
+                pushed = _lib.pn_transport_push(t, ptr, size) if size else 0
+                if pushed != size:  # an error code, or input beyond the capacity it reported
+                    raise OSError(f"proton took {pushed} of {size} bytes")
             else:
                 conn.transport.close_tail()
         except BlockingIOError:
@@ -219,7 +226,7 @@ class AmqpServer:
             lib.pn_collector_pop(impl)
         if conn.transport.closed:
             self._flush(conn)
-            self._close(conn, "transport closed")
+            self._close(conn, _end_reason(conn))
 
     def _flush(self, conn: _Conn) -> None:
         if conn.sock not in self._conns:
@@ -241,7 +248,7 @@ class AmqpServer:
             if pending < -1:  # PN_EOS (-1) means finished; anything lower is an error
                 raise OSError(f"proton output error ({pending})")
             if pending < 0 and lib.pn_transport_capacity(t) < 0:
-                self._close(conn, "transport finished")
+                self._close(conn, _end_reason(conn))
                 return
         except BlockingIOError:
             pending = 1
@@ -257,7 +264,11 @@ class AmqpServer:
     def _close(self, conn: _Conn, why: str) -> None:
         if self._conns.pop(conn.sock, None) is None:
             return
-        log.debug("closing %s: %s", conn.peer, why)
+        error = _local_error(conn)
+        if error:  # we closed it for a protocol error: say which, at a level seen without -v
+            log.warning("closing %s: %s (%s)", conn.peer, error, why)
+        else:
+            log.debug("closing %s: %s", conn.peer, why)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
         conn.sock.close()
@@ -290,3 +301,23 @@ class AmqpServer:
         self._listener.close()
         self._wake_r.close()
         self._wake_w.close()
+
+
+def _describe(condition: Condition | None) -> str:
+    if condition is None:
+        return ""
+    return f"{condition.name} {condition.description!r}" if condition.description else str(condition.name)
+
+
+def _local_error(conn: _Conn) -> str:
+    """The error proton raised on this connection itself (a protocol violation), if any."""
+    condition = conn.transport.condition
+    if condition is not None and "connection aborted" in (condition.description or ""):
+        return ""  # the client went away without closing: not a protocol error
+    return _describe(condition)
+
+
+def _end_reason(conn: _Conn) -> str:
+    """Why a connection's transport ended: the peer's close condition, or a clean close."""
+    remote = _describe(conn.connection.remote_condition)
+    return f"closed by the client: {remote}" if remote else "closed by the client"

@@ -30,10 +30,13 @@ def servicebus(
     port: Annotated[int, typer.Option(help="AMQP port; 0 picks a free one")] = 5672,
     http_port: Annotated[int, typer.Option("--http-port", help="GET /health port; 0 picks a free one")] = 5300,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Persist messages in this folder")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections and refusals")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections and closes")] = False,
 ) -> None:
     """Run a local Service Bus (AMQP) emulator until Ctrl-C or SIGTERM."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # Set on our logger, not the root: under `dbfanout` the root logger is configured already
+    # (basicConfig above is then a no-op) and would otherwise swallow -v.
+    logging.getLogger("sbemulator").setLevel(logging.DEBUG if verbose else logging.INFO)
     try:
         cfg = EmulatorConfig.from_file(config) if config else EmulatorConfig()
         emulator = Emulator(cfg, host=host, port=port, http_port=http_port, data_dir=data_dir)

@@ -44,7 +44,7 @@ class Section:
     end: int
 
 
-def skip_value(buf: bytes, pos: int) -> int:
+def skip_value(buf: bytes | memoryview, pos: int) -> int:
     """Position just after the encoded value starting at ``pos``."""
     try:
         c = buf[pos]

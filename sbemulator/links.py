@@ -262,6 +262,11 @@ class LinkHandler:
             self.consumers.add(consumer)
             return
         filters = _filters(link)
+        if SESSION_FILTER not in filters:
+            raise InvalidOperationError(
+                f"It is not possible for an entity that requires sessions to create a non-sessionful message"
+                f" receiver ('{queue.name}' requires sessions): open a session receiver (session_id=...)."
+            )
         now = self.broker.clock()
         session_id = filters.get(SESSION_FILTER)
         record = queue.sessions.lock(str(session_id) if session_id is not None else None, consumer, now)

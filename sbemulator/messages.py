@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Iterable
 
 from sbemulator.codec import (
@@ -112,6 +113,9 @@ _K_SEQ = enc_symbol("x-opt-sequence-number") + b"\x81"
 _K_ENQUEUED = enc_symbol("x-opt-enqueued-time") + b"\x83"
 _K_STATE = enc_symbol("x-opt-message-state") + b"\x71"
 _K_LOCKED = enc_symbol("x-opt-locked-until") + b"\x83"
+LOCK_TOKEN = "x-opt-lock-token"
+_K_LOCK_TOKEN = enc_symbol(LOCK_TOKEN) + b"\x98"
+_DELIVERY_ANN_LOCK_ONLY = bytes((0x00, 0x53, DELIVERY_ANN, 0xC1, len(_K_LOCK_TOKEN) + 17, 2)) + _K_LOCK_TOKEN
 _ANNOTATIONS_MAP32 = bytes((0x00, 0x53, MESSAGE_ANN, 0xD1))
 _HEADER_NO_FIELDS = enc_section(HEADER, enc_compound(0xD0, b"\x40" * 4 + enc_uint(0), 5))[:-4]
 _pack_q, _pack_i, _pack_u = struct.Struct(">q").pack, struct.Struct(">i").pack, struct.Struct(">I").pack
@@ -119,7 +123,11 @@ _pack_size_count = struct.Struct(">II").pack
 
 
 def render(msg: StoredMessage, locked_until: float | None) -> bytes:
-    """The message as delivered: client sections plus broker header and annotations."""
+    """The message as delivered: client sections plus broker header and annotations.
+
+    A locked delivery (``locked_until`` set) carries its lock token in the delivery annotation
+    ``x-opt-lock-token``, next to the delivery annotations the sender set, as the service does.
+    """
     if (
         msg.dead_letter_source
         or msg.scheduled_at is not None
@@ -134,7 +142,7 @@ def _render_common(msg: StoredMessage, locked_until: float | None) -> bytes:
     """render() for a message that is not dead-lettered or scheduled: one pass over the
     sections, stamps encoded from constants. Byte for byte what _render_general produces."""
     payload = msg.payload
-    header, annotations, others = _scan(payload)
+    header, delivery_annotations, annotations, others = _scan(payload)
     if header is None:
         head = _HEADER_NO_FIELDS + _pack_u(msg.delivery_count)
     else:
@@ -154,13 +162,22 @@ def _render_common(msg: StoredMessage, locked_until: float | None) -> bytes:
         ann = b"".join((_ANNOTATIONS_MAP32, _pack_size_count(len(items) + 4, len(stamps)), items))
     else:
         ann = _merged_map(MESSAGE_ANN, payload, annotations, _stamps(msg, locked_until), enc_symbol)
-    return b"".join((head, ann, *others))
+    token = msg.lock_token if locked_until is not None else None
+    return b"".join((head, _delivery_annotations(payload, delivery_annotations, token), ann, *others))
 
 
-def _scan(payload: bytes) -> tuple[Section | None, Section | None, list[bytes]]:
-    """The header and message annotations sections, and the bytes of the sections delivered
-    unchanged (delivery annotations are dropped), merged into one slice when contiguous."""
-    header = annotations = None
+def _delivery_annotations(payload: bytes, section: Section | None, token: uuid.UUID | None) -> bytes:
+    """The sender's delivery annotations plus ``x-opt-lock-token``; empty ones are left out."""
+    if section is None or not compound_items(payload, section.value_start)[0]:
+        return b"" if token is None else _DELIVERY_ANN_LOCK_ONLY + token.bytes
+    extra = [] if token is None else [(LOCK_TOKEN, b"\x98" + token.bytes)]
+    return _merged_map(DELIVERY_ANN, payload, section, extra, enc_symbol)
+
+
+def _scan(payload: bytes) -> tuple[Section | None, Section | None, Section | None, list[bytes]]:
+    """The header, delivery annotations and message annotations sections, and the bytes of the
+    sections delivered unchanged, merged into one slice when contiguous."""
+    header = delivery_annotations = annotations = None
     start = end = -1  # the run of unchanged sections being collected
     others: list[bytes] = []
     pos, n = 0, len(payload)
@@ -177,7 +194,9 @@ def _scan(payload: bytes) -> tuple[Section | None, Section | None, list[bytes]]:
                 header = Section(code, pos, value, section_end)
             elif code == MESSAGE_ANN:
                 annotations = Section(code, pos, value, section_end)
-            elif code != DELIVERY_ANN:
+            elif code == DELIVERY_ANN:
+                delivery_annotations = Section(code, pos, value, section_end)
+            else:
                 if pos != end:
                     if start >= 0:
                         others.append(payload[start:end])
@@ -188,7 +207,7 @@ def _scan(payload: bytes) -> tuple[Section | None, Section | None, list[bytes]]:
         raise CodecError("truncated AMQP message") from exc
     if start >= 0:
         others.append(payload[start:end])
-    return header, annotations, others
+    return header, delivery_annotations, annotations, others
 
 
 def _stamps(msg: StoredMessage, locked_until: float | None) -> list[tuple[str, bytes]]:
@@ -213,6 +232,8 @@ def _render_general(msg: StoredMessage, locked_until: float | None) -> bytes:
     header = next((s for s in sections if s.code == HEADER), None)
     stamps = _stamps(msg, locked_until)
     parts = [_header(payload, header, msg.delivery_count)]
+    delivery_annotations = next((s for s in sections if s.code == DELIVERY_ANN), None)
+    parts.append(_delivery_annotations(payload, delivery_annotations, msg.lock_token if locked_until else None))
     annotations = next((s for s in sections if s.code == MESSAGE_ANN), None)
     parts.append(_merged_map(MESSAGE_ANN, payload, annotations, stamps, enc_symbol))
     dead_letter = msg.dead_letter_reason is not None or msg.dead_letter_description is not None

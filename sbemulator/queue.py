@@ -259,7 +259,10 @@ class Queue:
             _, seq = heapq.heappop(self._scheduled_heap)
             msg = self.messages.get(seq)
             if msg is not None and msg.state is MessageState.SCHEDULED:
+                # Like the service: a scheduled message is enqueued when it becomes available.
+                msg.enqueued_at = msg.scheduled_at or now
                 msg.state, msg.scheduled_at = MessageState.ACTIVE, None
+                self.journal.put_message(self.name, msg)
                 self._activate(msg, now)
         while self._ttl_heap and self._ttl_heap[0][0] <= now:
             _, seq = heapq.heappop(self._ttl_heap)

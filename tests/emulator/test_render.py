@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -46,7 +47,8 @@ PAYLOADS = {
     "long descriptors": _section(PROPERTIES, enc_compound(0xD0, enc_str("id"), 1), long_descriptor=True)
     + _section(DATA, b"\xa0\x01q", long_descriptor=True),
     "sections out of order": _PROPS + _ANNOTATIONS + _DATA,
-    "delivery annotations dropped": _section(DELIVERY_ANN, enc_compound(0xD1, b"", 0)) + _PROPS + _DATA,
+    "empty delivery annotations": _section(DELIVERY_ANN, enc_compound(0xD1, b"", 0)) + _PROPS + _DATA,
+    "delivery annotations": _section(DELIVERY_ANN, enc_compound(0xD1, enc_symbol("x-k") + enc_str("v"), 2)) + _DATA,
     "header after properties": _PROPS + _section(HEADER, enc_compound(0xD0, b"\x41", 1)) + _DATA,
     "no sections": b"",
 }
@@ -60,6 +62,7 @@ def test_fast_render_matches_general_render(payload: bytes, locked_until: float 
         seq=42, payload=payload, message_id=None, session_id=None, enqueued_at=NOW, expires_at=NOW + 3600
     )
     msg.delivery_count = delivery_count
+    msg.lock_token = uuid.UUID(int=12345)
     for state in MessageState:
         msg.state = state
         assert _render_common(msg, locked_until) == _render_general(msg, locked_until)
@@ -85,3 +88,15 @@ def test_dead_lettered_and_scheduled_messages_take_the_general_path():
         expires_at=NOW + 3600, scheduled_at=NOW + 5,
     )  # fmt: skip
     assert render(scheduled, None) == _render_general(scheduled, None)
+
+
+def test_locked_delivery_carries_the_lock_token_delivery_annotation_next_to_the_senders():
+    msg = StoredMessage(
+        seq=9, payload=PAYLOADS["delivery annotations"], message_id=None, session_id=None, enqueued_at=NOW,
+        expires_at=NOW + 3600, lock_token=uuid.UUID(int=7),
+    )  # fmt: skip
+    decoded = Message()
+    decoded.decode(render(msg, NOW + 60))
+    assert dict(decoded.instructions or {}) == {symbol("x-k"): "v", symbol("x-opt-lock-token"): uuid.UUID(int=7)}
+    decoded.decode(render(msg, None))  # peeked: no lock, no token
+    assert dict(decoded.instructions or {}) == {symbol("x-k"): "v"}

@@ -24,6 +24,7 @@ from .helpers import drain, send
 
 pytestmark = pytest.mark.integration
 CHILD = Path(__file__).with_name("_killed_receiver.py")
+DBFANOUT = [sys.executable, "-c", "from dbfanout.cli import main; main()"]
 
 
 def test_killed_receiver_process_loses_its_lock_and_the_message_is_redelivered(
@@ -175,3 +176,34 @@ def test_a_storm_of_killed_busy_clients_never_stalls_the_server(make_queue, emul
 
         threading.Thread(target=probe, daemon=True).start()
         assert served.wait(timeout=30), "the emulator stopped serving new connections after a client was killed"
+
+
+def test_dbfanout_emulator_verbose_logs_connections_and_protocol_errors_with_their_reason():
+    # Given `dbfanout emulator servicebus -v` (dbfanout configures logging before the emulator does)
+    proc = subprocess.Popen(
+        [*DBFANOUT, "emulator", "servicebus", "-v", "--port", "0", "--http-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        port = int(proc.stdout.readline().split(":")[1])
+        # When a client opens a connection and breaks the protocol (a frame on a channel it never began)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(b"AMQP\x03\x01\x00\x00")  # SASL header
+            raw.sendall(bytes.fromhex("0000001902010000005341d00000000900000001a309414e4f4e594d4f5553"))  # init
+            raw.sendall(b"AMQP\x00\x01\x00\x00" + bytes.fromhex("0000000f02000005005317c0020140"))  # end on ch 5
+            raw.settimeout(5)
+            while raw.recv(4096):
+                pass
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Then -v logged the connection, and the close names the protocol error, not "transport finished"
+    assert "accepted 127.0.0.1:" in err
+    closing = [line for line in err.splitlines() if "closing 127.0.0.1:" in line]
+    assert closing and "amqp:" in closing[0], err
