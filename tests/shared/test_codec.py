@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shared import codec
 from shared.errors import EnvelopeError, SerializationError, StateFormatError
-from shared.models import Batch, Checkpoint, Lease, Position, RowChange, StateDoc
+from shared.models import Batch, Checkpoint, Lease, Lsn, Position, RowChange, StateDoc
 
 offsets = st.integers(min_value=-14 * 60, max_value=14 * 60).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
 aware = st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30), timezones=offsets)
@@ -105,6 +105,30 @@ def test_batch_envelope_round_trips(cursor: object, pk: dict[str, object], after
     assert _same(event.cursor, again.cursor)
     assert all(_same(v, again.pk[k]) for k, v in pk.items())
     assert again.after is not None and all(_same(v, again.after[k]) for k, v in after.items())
+
+
+@given(before=st.dictionaries(st.text(max_size=8), st.one_of(scalars, st.none()), max_size=5), seq=st.integers(0, 9))
+def test_a_change_log_event_round_trips_its_lsn_cursor_and_before(before: dict[str, object], seq: int) -> None:
+    # Given a pg_logical delete: cursor (commit LSN, seq), no after, the old row as before
+    cursor = (Lsn(0x16B374D848), seq)
+    event = RowChange("ev-1", "delete", {"id": 1}, cursor, None, "orders", before=before, change="delete")
+    body = codec.encode_batch(Batch("orders", "batch-1", "sha256:x", (event,)))
+    again = codec.decode_batch(body).events[0]
+    # Then the LSN comes back as an Lsn, written as PostgreSQL writes it, and before exactly
+    assert again.cursor == cursor and type(again.cursor[0]) is Lsn  # type: ignore[index]
+    assert codec.loads(body)["events"][0]["cursor"] == ["16/B374D848", seq]
+    assert again.before is not None and all(_same(v, again.before[k]) for k, v in before.items())
+    assert again.after is None and again.change == "delete"
+
+
+def test_an_lsn_checkpoint_is_kind_pg_lsn_with_the_position_as_tiebreaker() -> None:
+    doc = StateDoc("orders", "sha256:x", Checkpoint(Position(Lsn.parse("0/1DE8350"), {"seq": 3})))
+    raw = codec.loads(codec.encode_state(doc))["checkpoint"]["cursor"]
+    assert (raw["kind"], raw["value"], raw["tiebreaker"]) == ("pg_lsn", "0/1DE8350", {"seq": 3})
+    again = codec.decode_state(codec.encode_state(doc)).checkpoint.position
+    assert again == doc.checkpoint.position and isinstance(again.cursor, Lsn)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="not an LSN"):
+        Lsn.parse("16B374D848")
 
 
 @pytest.mark.parametrize("change", [None, "insert", "order.shipped"])

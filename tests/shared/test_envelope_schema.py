@@ -17,7 +17,7 @@ from shared.claimcheck import CLAIM_KEY
 from shared.codec import loads
 from shared.ids import source_fingerprint
 from shared.messages import pack_batch
-from shared.models import Batch, RowChange
+from shared.models import Batch, Lsn, RowChange
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "dbfanout.batch.v1.schema.json").read_text())
 FP = source_fingerprint({"url": "sqlite://", "table": "orders"})
@@ -43,6 +43,8 @@ def test_every_body_the_poller_sends_validates(after: dict[str, object], delete:
             "ev-2", "upsert", {"a": uuid.uuid4(), "b": 2}, (Decimal("1.5"), 3), {CLAIM_KEY: {"blob": "x"}}, "orders"
         ),
         RowChange("ev-3", "delete", {"aggregate": "42"}, 7, None, "orders", change="order.deleted"),
+        # pg_logical: the cursor is (commit LSN, position); a delete's old key or row is before
+        RowChange("ev-4", "delete", {"id": 1}, (Lsn(2**33 + 5), 0), None, "orders", before=after, change="delete"),
     )
     for message in pack_batch(Batch("orders", "batch-1", FP, events), 256 * 1024):
         jsonschema.validate(loads(message.body), SCHEMA)
