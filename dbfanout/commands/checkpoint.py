@@ -94,8 +94,10 @@ def _target(
                 EXIT_USAGE,
                 "use --to-beginning",
             )
+        pcfg = cfg.poller(poller)
+        ties = ("seq",) if pcfg.kind == "pg_logical" else pcfg.pk  # an LSN's tiebreaker: the change's position
         try:
-            return "cursor", parse_position(to_cursor, pk, template, cfg.poller(poller).pk), None
+            return "cursor", parse_position(to_cursor, pk, template, ties), None
         except LiteralError as exc:
             fail(str(exc), EXIT_USAGE, "the value is read as the cursor column's type")
     return "keep", None, None

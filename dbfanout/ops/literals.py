@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from shared.models import CursorValue, Position
+from shared.models import CursorValue, Lsn, Position
 
 __all__ = ["LiteralError", "parse_literal", "parse_position"]
 
@@ -78,6 +78,7 @@ def parse_literal(text: str, template: Any, what: str) -> Any:
 
 
 _SIMPLE: tuple[tuple[type, Callable[[str], Any]], ...] = (
+    (Lsn, Lsn.parse),  # before int: an LSN is written as PostgreSQL writes it (0/1DE8350)
     (int, int),
     (Decimal, Decimal),
     (float, float),
