@@ -26,6 +26,14 @@ def demo(
     duration: Annotated[float, typer.Option("--duration", min=10, help="Seconds the writer runs")] = 60.0,
     rate: Annotated[float, typer.Option("--rate", min=1, max=2000, help="Source changes per second")] = 50.0,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary app folder (its path is printed)")] = False,
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source",
+            help="keyset: poll the orders table (soft deletes); outbox: hard deletes, every change through an "
+            "outbox table (docs/outbox.md)",
+        ),
+    ] = "keyset",
     json_out: JsonOption = False,
 ) -> None:
     """Run the whole pipeline locally: writer, poller, Service Bus, workers, a poison row, DLQ replay.
@@ -33,6 +41,8 @@ def demo(
     Exits 0 only when the target table matches the source exactly.
     """
     # Loaded here, not at import: the demo pulls in the emulator, the SDKs and the host.
+    if source not in ("keyset", "outbox"):
+        fail(f"--source must be keyset or outbox (got {source!r})", EXIT_USAGE)
     from dbfanout.demo import DemoOptions, run_demo
     from dbfanout.demo.services import ServiceError
     from dbfanout.demo.view import LiveView, render_summary
@@ -45,7 +55,7 @@ def demo(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with view:
-            summary = run_demo(DemoOptions(duration=duration, rate=rate, keep=keep), view.show)
+            summary = run_demo(DemoOptions(duration=duration, rate=rate, keep=keep, source=source), view.show)
     except KeyboardInterrupt:
         stderr.print("[yellow]interrupted: every process the demo started has been stopped[/]")
         raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from dbfanout.demo.handler import FIX_SETTING
 from dbfanout.demo.services import ServiceError, project_root
+from shared.outbox import create_outbox
 
 __all__ = ["APP_FILES", "SOURCE_DDL", "DemoApp", "sqlite_engine"]
 
@@ -61,6 +62,28 @@ split_after_deliveries = 2
 handler = "dbfanout.demo.handler:handle"
 """
 
+# ``dbfanout demo --source outbox``: the writer hard-deletes and writes an outbox row per change in
+# the same transaction; the poller reads the outbox (one writer on SQLite: no settle window needed)
+# and prunes what it delivered.
+OUTBOX_CONFIG_TEMPLATE = (
+    CONFIG_TEMPLATE.split("[pollers.orders]")[0]
+    + """\
+[pollers.orders]
+kind = "outbox"
+source_url = "${{ORDERS_DB_URL}}"
+table = "dbfanout_outbox"
+queue = "{queue}"
+schedule = "*/1 * * * * *"
+batch_size = {batch_size}
+max_batches_per_tick = 50
+lease_ttl_seconds = 10
+settle_seconds = 0
+outbox_retention_seconds = 30
+split_after_deliveries = 2
+handler = "dbfanout.demo.handler:handle_outbox"
+"""
+)
+
 
 def sqlite_engine(path: Path) -> sa.Engine:
     """An engine on a WAL-mode SQLite file, so readers never block the writer (or the reverse)."""
@@ -100,7 +123,9 @@ class DemoApp:
         return self.root / "host.log"
 
     @classmethod
-    def create(cls, root: Path, *, queue: str, storage: str, servicebus: str, batch_size: int = 100) -> DemoApp:
+    def create(
+        cls, root: Path, *, queue: str, storage: str, servicebus: str, batch_size: int = 100, outbox: bool = False
+    ) -> DemoApp:
         """Write the folder, create the source table and prepare the target database."""
         source = project_root()
         missing = [name for name in (*APP_FILES, "handlers") if not (source / name).exists()]
@@ -125,11 +150,14 @@ class DemoApp:
         }
         (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
         app = cls(root, queue, settings)
-        app.config_file.write_text(CONFIG_TEMPLATE.format(app_name=app.app_name, queue=queue, batch_size=batch_size))
+        template = OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
+        app.config_file.write_text(template.format(app_name=app.app_name, queue=queue, batch_size=batch_size))
         engine = sqlite_engine(app.source_db)
         with engine.begin() as conn:
             conn.exec_driver_sql(SOURCE_DDL)
             conn.exec_driver_sql(KEYSET_INDEX)
+            if outbox:
+                create_outbox(conn)
         engine.dispose()
         sqlite_engine(app.target_db).dispose()  # WAL before the handler creates its tables
         return app

@@ -11,11 +11,21 @@ once without a restart.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from shared.models import HandlerContext, RowChange
 
-__all__ = ["FIX_SETTING", "POISON_STATUS", "PoisonRowError", "handle", "is_fixed", "is_poison"]
+__all__ = [
+    "FIX_SETTING",
+    "POISON_STATUS",
+    "PoisonRowError",
+    "as_row_change",
+    "handle",
+    "handle_outbox",
+    "is_fixed",
+    "is_poison",
+]
 
 FIX_SETTING = "DBFANOUT_DEMO_FIX_FILE"
 POISON_STATUS = "poison"
@@ -46,3 +56,15 @@ def handle(events: list[RowChange], context: HandlerContext) -> None:
     from handlers.example import handle as replicate
 
     replicate(events, context)
+
+
+def handle_outbox(events: list[RowChange], context: HandlerContext) -> None:
+    """The ``--source outbox`` demo: outbox events (``pk = {"aggregate": id}``, ``after`` = the row,
+    hard deletes) replicated like row events, with the row's ``version`` as the ordering key."""
+    handle([as_row_change(e) for e in events], context)
+
+
+def as_row_change(event: RowChange) -> RowChange:
+    """An outbox event as the row change the example handler replicates (keyed by id, ordered by version)."""
+    after = dict(event.after or {})
+    return replace(event, pk={"id": int(event.pk["aggregate"])}, cursor=after["version"])

@@ -51,6 +51,7 @@ class DemoOptions:
     rate: float = 50.0
     keep: bool = False
     seed: int | None = None
+    source: str = "keyset"  # or "outbox": hard deletes, delivered through an outbox table
 
     @property
     def drain_timeout(self) -> float:
@@ -125,8 +126,9 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         azurite = start_azurite(workdir)
         stack.callback(azurite.stop)
         app = DemoApp.create(
-            workdir / "app", queue=QUEUE, storage=azurite.connection_string, servicebus=emulator.connection_string
-        )
+            workdir / "app", queue=QUEUE, storage=azurite.connection_string, servicebus=emulator.connection_string,
+            outbox=options.source == "outbox",
+        )  # fmt: skip
         env = _child_env(app)
         host = _start_host(app, env)
         stack.callback(host.stop)
@@ -136,7 +138,7 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
             storage=azurite.connection_string, app_name=app.app_name, poller=POLLER, queue=QUEUE,
             emulator=emulator, target=target,
         )  # fmt: skip
-        writer = SourceWriter(app.source_db, options.rate, seed=options.seed)
+        writer = SourceWriter(app.source_db, options.rate, seed=options.seed, outbox=options.source == "outbox")
         stack.callback(_stop_quietly, writer)
         story = _Story()
         if options.keep:
@@ -144,7 +146,8 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         stack.callback(_stop_replay, story)
         stack.callback(_ignore_signals)  # registered last: runs first on the way out
         writer.start()
-        story.say(f"writing ~{options.rate:g} changes/s to orders; the host polls every second")
+        how = "through the outbox (hard deletes)" if options.source == "outbox" else "to orders"
+        story.say(f"writing ~{options.rate:g} changes/s {how}; the host polls every second")
         _loop(options, story, writer, probe, host, show, app, env)
         last = probe.snapshot(writer, started=story.started, phase="done", log=tuple(story.log))
         show(last)
@@ -247,6 +250,7 @@ def _summary(
         "ok": ok,
         "duration_s": options.duration,
         "rate": options.rate,
+        "source": options.source,
         "written": {**writer.ops, "total": writer.written},
         "pipeline": {**last.to_json()},
         "dlq": {

@@ -2,6 +2,8 @@
 
 One thread, small transactions every ~50 ms. It is the only writer, and it assigns the
 ``version`` cursor itself, so versions become visible in order (see ``appdir.CONFIG_TEMPLATE``).
+With ``outbox=True`` deletes are hard deletes, and every change also writes its outbox row (the
+row as it now is) in the same transaction: the ``--source outbox`` demo.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sqlalchemy as sa
 
 from dbfanout.demo.appdir import sqlite_engine
 from dbfanout.demo.handler import POISON_STATUS
+from shared.outbox import write_change
 
 __all__ = ["SourceWriter"]
 
@@ -34,8 +37,9 @@ def _now() -> str:
 class SourceWriter:
     """Writes changes from a thread; ``stop()`` ends it, counters say what it wrote."""
 
-    def __init__(self, path: Path, rate: float, *, seed: int | None = None) -> None:
+    def __init__(self, path: Path, rate: float, *, seed: int | None = None, outbox: bool = False) -> None:
         self.engine = sqlite_engine(path)
+        self.outbox = outbox
         self.rate = rate
         self.rng = random.Random(seed)
         self.ops = {"insert": 0, "update": 0, "delete": 0}
@@ -126,6 +130,7 @@ class SourceWriter:
                 "status": status or STATUSES[0],
             },
         )
+        self._record(conn, row_id, "insert")
         self.ops["insert"] += 1
         return row_id
 
@@ -137,17 +142,27 @@ class SourceWriter:
             {"id": row_id, "version": self._bump(), "at": _now(), "amount": round(self.rng.uniform(1, 500), 2),
              "status": self.rng.choice(STATUSES)},
         )  # fmt: skip
+        self._record(conn, row_id, "update")
         self.ops["update"] += 1
 
     def _delete(self, conn: sa.Connection) -> None:
-        # A soft delete: the poller only sees deletions it can read (deleted_at set, new version).
         row_id = self._live.pop(self.rng.randrange(len(self._live)))
-        at = _now()
-        conn.execute(
-            sa.text("UPDATE orders SET version = :version, updated_at = :at, deleted_at = :at WHERE id = :id"),
-            {"id": row_id, "version": self._bump(), "at": at},
-        )
+        if self.outbox:  # a hard delete: only the outbox row tells the poller
+            conn.execute(sa.text("DELETE FROM orders WHERE id = :id"), {"id": row_id})
+            write_change(conn, aggregate=row_id, type="delete", payload={"id": row_id, "version": self._bump()})
+        else:  # a soft delete: the poller only sees deletions it can read (deleted_at set, new version)
+            at = _now()
+            conn.execute(
+                sa.text("UPDATE orders SET version = :version, updated_at = :at, deleted_at = :at WHERE id = :id"),
+                {"id": row_id, "version": self._bump(), "at": at},
+            )
         self.ops["delete"] += 1
+
+    def _record(self, conn: sa.Connection, row_id: int, change: str) -> None:
+        """The outbox row of a change: the row as it is now, in the change's transaction."""
+        if self.outbox:
+            row = conn.execute(sa.text("SELECT * FROM orders WHERE id = :id"), {"id": row_id}).mappings().one()
+            write_change(conn, aggregate=row_id, type=change, payload=dict(row))
 
     def _poison(self, conn: sa.Connection) -> None:
         # Kept out of the live list: later updates would be new poison events after the fix.

@@ -80,3 +80,23 @@ def test_demo_short_mode_replicates_exactly_and_replays_the_poison_row() -> None
         print(f"demo --duration 20 took {elapsed:.1f}s; drain {summary['drain_seconds']}s")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_demo_with_the_outbox_source_replicates_hard_deletes_exactly() -> None:
+    # Given the outbox variant: hard deletes, every change written to an outbox table
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBFANOUT_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dbfanout.cli", "demo", "--duration", "15", "--json", "--source", "outbox"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    # Then every change arrived: the rows hard-deleted from the source are gone from the target too
+    assert proc.returncode == 0, (summary, proc.stderr[-3000:])
+    assert summary["ok"] is True and summary["source"] == "outbox"
+    check, written = summary["check"], summary["written"]
+    assert check["exact_match"] is True and check["deleted_rows"] == 0  # hard deletes leave nothing behind
+    assert written["delete"] > 0 and check["source_rows"] == written["insert"] - written["delete"]
+    assert check["target_rows"] == check["source_rows"]
+    assert summary["pipeline"]["enqueued_changes"] == written["total"]
+    assert summary["dlq"]["replayed"] >= 1 and summary["dlq"]["left"] == 0

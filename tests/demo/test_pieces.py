@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -11,10 +12,11 @@ import pytest
 import sqlalchemy as sa
 
 from dbfanout.demo.appdir import SOURCE_DDL, sqlite_engine
-from dbfanout.demo.handler import FIX_SETTING, PoisonRowError, handle, is_fixed, is_poison
+from dbfanout.demo.handler import FIX_SETTING, PoisonRowError, as_row_change, handle, is_fixed, is_poison
 from dbfanout.demo.services import ChildProcess, wait_for
 from dbfanout.demo.writer import SourceWriter
 from shared.models import HandlerContext, RowChange
+from shared.outbox import create_outbox
 
 
 def _event(status: str) -> RowChange:
@@ -93,3 +95,25 @@ def test_stopping_a_child_also_stops_its_grandchildren(tmp_path: Path) -> None:
     assert not child.alive()
     wait_for(lambda: not _alive(grandchild), 10, "the grandchild to exit")
     assert time.monotonic() - started < 10
+
+
+def test_the_outbox_writer_hard_deletes_and_writes_one_outbox_row_per_change(tmp_path: Path) -> None:
+    path = tmp_path / "source.db"
+    engine = sqlite_engine(path)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SOURCE_DDL)
+        create_outbox(conn)
+    writer = SourceWriter(path, rate=800, seed=5, outbox=True).start()
+    wait_for(lambda: writer.ops["delete"] >= 5, 20, "5 deletes")
+    writer.stop()
+    with engine.connect() as conn:
+        outbox = conn.execute(sa.text("SELECT id, aggregate, type, payload FROM dbfanout_outbox ORDER BY id")).all()
+        live = conn.execute(sa.text("SELECT count(*), count(deleted_at) FROM orders")).one()
+    engine.dispose()
+    # One outbox row per change, in version order; deletes removed the rows (no soft-delete marks)
+    assert len(outbox) == writer.written and tuple(live) == (writer.ops["insert"] - writer.ops["delete"], 0)
+    assert [json.loads(p)["version"] for *_, p in outbox] == list(range(1, writer.written + 1))
+    # The demo handler turns the outbox events back into row changes keyed by id, versioned by version
+    event = RowChange("e1", "delete", {"aggregate": "7"}, 99, {"id": 7, "version": 12}, "orders", change="delete")
+    again = as_row_change(event)
+    assert (again.pk, again.cursor, again.op, again.event_id) == ({"id": 7}, 12, "delete", "e1")
