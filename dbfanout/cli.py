@@ -14,6 +14,7 @@ import sys
 import typer
 
 from sbemulator.cli import app as emulator_app
+from shared.logs import console_handler
 
 app = typer.Typer(
     help="dbfanout: a database change trigger for Azure Functions, as a Service Bus fan-out pipeline.",
@@ -44,7 +45,7 @@ _register_commands()
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.WARNING, handlers=[console_handler(sys.stderr)])
     app()
 
 

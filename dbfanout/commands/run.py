@@ -21,9 +21,10 @@ import typer
 from dbfanout.commands.common import EXIT_CHECK_FAILED, EXIT_OK, ConfigOption, reporting_errors
 from shared.config import CONFIG_SETTING
 
-__all__ = ["register", "run"]
+__all__ = ["LOG_FORMAT_SETTING", "register", "run"]
 
 DEFAULT_APP = "function_app:app"  # the same default as dbfanout.host.app_loader (imported lazily)
+LOG_FORMAT_SETTING = "DBFANOUT_LOG_FORMAT"  # the environment variable behind --log-format
 
 
 def run(
@@ -37,8 +38,18 @@ def run(
     ] = None,
     grace: Annotated[float, typer.Option("--grace", help="Seconds running calls get to finish at shutdown")] = 30.0,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            envvar=LOG_FORMAT_SETTING,
+            help="text (message, then key=value fields) or json (one object per line)",
+        ),
+    ] = "text",
 ) -> None:
     """Run function_app.py locally: fire its timers, feed its queue triggers."""
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter(f"{log_format!r}: use text or json", param_hint="--log-format")
     root = (app_root or Path.cwd()).resolve()
     extra = {CONFIG_SETTING: str(config.resolve())} if config is not None else {}
     logging.getLogger().setLevel(logging.WARNING)
@@ -47,7 +58,7 @@ def run(
     from dbfanout.host import LocalHost
     from dbfanout.host.host import configure_logging
 
-    configure_logging(getattr(logging, log_level.upper(), logging.INFO))
+    configure_logging(getattr(logging, log_level.upper(), logging.INFO), "json" if log_format == "json" else "text")
     stop = threading.Event()
     host = LocalHost(root, app, extra_settings=extra, grace_seconds=grace)
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

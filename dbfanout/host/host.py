@@ -18,18 +18,21 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from dbfanout.host.app_loader import DEFAULT_APP, FunctionSpec, apply_settings, discover, load_app
 from dbfanout.host.hostjson import HostJson, load_host_json
 from dbfanout.host.servicebus import QueueRunner
 from dbfanout.host.storagequeue import StorageQueueRunner
 from dbfanout.host.timers import TimerRunner
-from shared.logs import get_logger, ids
+from shared.logs import JsonFormatter, TextFormatter, get_logger, ids, use_console_format
 
-__all__ = ["LocalHost", "configure_logging"]
+__all__ = ["LocalHost", "LogFormat", "configure_logging"]
 
 log = get_logger("host")
+
+LogFormat = Literal["text", "json"]
+RUN_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SHUTDOWN_HOOK = "shutdown"  # an optional module-level function the app may expose
 
 
@@ -152,7 +155,9 @@ def _closure_closables(functions: list[FunctionSpec]) -> Iterator[Any]:
                 yield value
 
 
-def configure_logging(level: int) -> None:
-    """Human-readable logs on stderr for the dbfanout loggers (the CLI root stays at WARNING)."""
+def configure_logging(level: int, log_format: LogFormat = "text") -> None:
+    """The dbfanout loggers at ``level`` (the CLI root stays at WARNING), each line rendered with
+    its fields: ``text`` (``... batch enqueued poller=orders batch_id=...``) or ``json`` lines."""
     logging.getLogger("dbfanout").setLevel(level)
     logging.getLogger("azure").setLevel(logging.WARNING)
+    use_console_format(JsonFormatter() if log_format == "json" else TextFormatter(RUN_LOG_FORMAT))
