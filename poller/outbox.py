@@ -156,7 +156,10 @@ class OutboxSource:
             if self._horizon:
                 keyset = dataclasses.replace(cfg, kind="keyset", cursor="txid", xid_column="txid", settle_seconds=0)
             else:
-                keyset = dataclasses.replace(cfg, kind="keyset", cursor="id", filter=self._settled_prefix())
+                # settle_seconds is in the filter (the settled prefix): none on the inner keyset read
+                keyset = dataclasses.replace(
+                    cfg, kind="keyset", cursor="id", filter=self._settled_prefix(), settle_seconds=0
+                )
             self._inner = SqlSource(dataclasses.replace(keyset, outbox_retention_seconds=None), self._engine)
         return self._inner
 

@@ -20,6 +20,7 @@ CLI extra. The table: :func:`outbox_ddl` (or ``docs/outbox.md``) per dialect.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -80,20 +81,23 @@ def write_change(
     if payload is not None and not isinstance(payload, Mapping):
         raise TypeError(f"payload must be a mapping (a JSON object) or None, not {payload.__class__.__name__}")
     body = None if payload is None else dumps(encode_value(dict(payload))[0]).decode()
-    schema, _, name = table.rpartition(".")
-    target.execute(
-        sa.table(name, sa.column("aggregate"), sa.column("type"), sa.column("payload"), schema=schema or None)
-        .insert()
-        .values(aggregate=aggregate, type=type, payload=_json_param(target, body))
-    )
+    target.execute(_insert(table, _is_postgresql(target)), {"aggregate": aggregate, "type": type, "payload": body})
 
 
-def _json_param(target: Any, body: str | None) -> sa.ColumnElement[Any]:
-    value = sa.bindparam("payload", body, type_=sa.String())
+def _is_postgresql(target: Any) -> bool:
     bind = target.get_bind() if isinstance(target, Session) else getattr(target, "engine", None)
-    if bind is not None and bind.dialect.name == "postgresql":
-        return sa.cast(value, JSONB)  # text is not implicitly jsonb
-    return value
+    return bind is not None and bind.dialect.name == "postgresql"
+
+
+@functools.lru_cache(maxsize=64)
+def _insert(table: str, postgresql: bool) -> sa.Insert:
+    """One INSERT per table, built once: a statement object keeps its compiled form cached."""
+    schema, _, name = table.rpartition(".")
+    payload: sa.ColumnElement[Any] = sa.bindparam("payload", type_=sa.String())
+    if postgresql:
+        payload = sa.cast(payload, JSONB)  # text is not implicitly jsonb
+    outbox = sa.table(name, sa.column("aggregate"), sa.column("type"), sa.column("payload"), schema=schema or None)
+    return outbox.insert().values(aggregate=sa.bindparam("aggregate"), type=sa.bindparam("type"), payload=payload)
 
 
 def outbox_ddl(dialect: str, table: str = DEFAULT_TABLE) -> list[str]:

@@ -157,3 +157,15 @@ def test_write_change_checks_its_arguments(outbox: Outbox) -> None:
             write_change(conn, outbox.name, aggregate="", type="insert")
         with pytest.raises(TypeError, match="mapping"):
             write_change(conn, outbox.name, aggregate="1", type="insert", payload=[1])  # type: ignore[arg-type]
+
+
+def test_write_change_joins_an_orm_sessions_transaction(outbox: Outbox) -> None:
+    from sqlalchemy.orm import Session
+
+    with Session(outbox.engine) as session:
+        write_change(session, outbox.name, aggregate=7, type="order.shipped", payload={"at": "now"})
+        session.rollback()  # nothing committed: the change goes with the business write or not at all
+        write_change(session, outbox.name, aggregate=7, type="order.shipped", payload={"at": "now"})
+        session.commit()
+    (row,) = open_source(outbox_poller(str(outbox.engine.url), outbox.name)).fetch(None, 10).rows
+    assert row.values == {"at": "now"} and row.event is not None and row.event.pk == {"aggregate": "7"}
