@@ -68,7 +68,9 @@ _PRIMARY_KEY = sa.text(
     " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
     " WHERE i.indrelid = :oid AND i.indisprimary ORDER BY k.n"
 )
-_MIN_PEEK = 1024  # messages per peek at least (a change costs 1; a transaction 2 more)
+_MIN_PEEK = 1024  # messages per peek at least
+_MESSAGES_PER_CHANGE = 3  # a change is one message; a one-change transaction adds Begin and Commit
+_PAGES_PER_PEEK = 4  # a peek decodes about this many pages (a tick's next pages come from its buffer)
 
 
 def setup_sql(config: PollerConfig) -> list[str]:
@@ -86,12 +88,13 @@ def _quote_table(name: str) -> str:
 
 @dataclass(slots=True)
 class _Buffer:
-    """Changes decoded by this tick's last peek (the slot does not move within a tick)."""
+    """The changes after a fetch position, decoded by this tick's last peek (the slot does not move within a tick)."""
 
     changes: list[Change]
     keys: list[tuple[int, int]]
     exhausted: bool  # the peek reached the end of the log
     flushed: Lsn  # the log's flush position before that peek
+    messages: int  # how many the peek read (a re-peek reads past them again)
 
 
 class PgLogicalSource:
@@ -221,12 +224,12 @@ class PgLogicalSource:
         if buffer is None or len(buffer.changes) - _after(buffer, after) < limit:
             # Not enough decoded: peek again. The slot starts at its confirmed position, which may
             # be behind ``after`` (the changes up to it are skipped), so read more until enough.
-            n = max(_MIN_PEEK, 3 * (limit + (len(buffer.changes) if buffer else 0)))
+            n = max(_MIN_PEEK, (buffer.messages if buffer else 0) + _MESSAGES_PER_CHANGE * limit * _PAGES_PER_PEEK)
             while True:
-                buffer = self._peek(conn, n)
-                if buffer.exhausted or len(buffer.changes) - _after(buffer, after) >= limit:
+                buffer = self._peek(conn, n, after)
+                if buffer.exhausted or len(buffer.changes) >= limit:
                     break
-                n *= 2
+                n *= _PAGES_PER_PEEK
             if getattr(self._local, "pinning", False):
                 self._local.buffer = buffer
         conn.rollback()  # no snapshot held between pages
@@ -253,12 +256,13 @@ class PgLogicalSource:
             target = max(target, buffer.flushed)
         hints[key] = Lsn(max(target, hints.get(key, 0)))
 
-    def _peek(self, conn: sa.Connection, n: int) -> _Buffer:
+    def _peek(self, conn: sa.Connection, n: int, after: tuple[int, int] | None) -> _Buffer:
+        """Up to ``n`` messages from the slot's position; the changes after ``after``, decoded."""
         flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())
         rows = conn.execute(_PEEK, {"slot": self._slot, "n": n, "pub": self._publication}).scalars().all()
-        decoder = Decoder(_loader(conn))
+        decoder = Decoder(_loader(conn), skip_through=after)
         changes = [c for data in rows for c in decoder.feed(bytes(data)) if self._wanted(c)]
-        return _Buffer(changes, [c.key for c in changes], len(rows) < n, flushed)
+        return _Buffer(changes, [c.key for c in changes], len(rows) < n, flushed, len(rows))
 
     def _wanted(self, change: Change) -> bool:
         if change.kind == "truncate":

@@ -56,7 +56,7 @@ class Relation:
         return f"{self.schema}.{self.name}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Change:
     """One row change of a committed transaction.
 
@@ -117,8 +117,11 @@ class _Reader:
 class Decoder:
     """Stateful: relations persist across messages of one peek (each peek re-sends the ones it uses)."""
 
-    def __init__(self, load: Loader) -> None:
+    def __init__(self, load: Loader, skip_through: tuple[int, int] | None = None) -> None:
         self._load = load
+        # Changes at or before this (commit LSN, seq) are only counted, not parsed: a peek
+        # re-reads what the slot still holds, and the checkpoint already covers them.
+        self._skip = skip_through
         self.relations: dict[int, Relation] = {}
         self._txn: tuple[Lsn, int, int] | None = None  # commit LSN, xid, commit time
         self._seq = 0
@@ -138,29 +141,22 @@ class Decoder:
         elif tag in "IUDT":
             if self._txn is None:
                 raise SourceError("pgoutput: a change arrived outside a transaction (Begin missing)")
-            self._pending.extend(self._change(tag, r))
+            if self._skip is not None and (self._txn[0], self._seq) <= self._skip:
+                self._seq += 1
+            else:
+                self._pending.extend(self._change(tag, r))
         # 'Y' (type), 'O' (origin), 'M' (message): nothing a change event needs.
 
     def _commit(self, r: _Reader) -> Iterator[Change]:
         r.take(_I8)  # flags (unused)
-        commit_lsn, end_lsn = Lsn(r.take(_U64)), Lsn(r.take(_U64))
+        r.take(_U64)  # the commit LSN, known since Begin
+        end_lsn = Lsn(r.take(_U64))
         pending, self._pending, self._txn = self._pending, [], None
-        for i, change in enumerate(pending):
-            yield Change(
-                commit_lsn=commit_lsn,
-                end_lsn=end_lsn,
-                seq=change.seq,
-                xid=change.xid,
-                commit_time_us=change.commit_time_us,
-                kind=change.kind,
-                relation=change.relation,
-                new=change.new,
-                old=change.old,
-                old_is_key=change.old_is_key,
-                unchanged=change.unchanged,
-                last_in_txn=i == len(pending) - 1,
-                truncated=change.truncated,
-            )
+        for change in pending:
+            change.end_lsn = end_lsn
+        if pending:
+            pending[-1].last_in_txn = True  # skipped changes are a prefix: this one ends the transaction
+        yield from pending
 
     def _relation(self, r: _Reader) -> None:
         oid, schema, name, identity = r.take(_U32), r.string(), r.string(), r.byte()
