@@ -38,7 +38,7 @@ KEYSET_INDEX = "CREATE INDEX ix_orders_keyset ON orders (version, id)"
 # one write transaction run at a time, so versions become visible in the order they were
 # assigned and no row can commit behind the checkpoint (docs/cursors.md). A timestamp cursor
 # written by concurrent transactions would need a settle window instead.
-CONFIG_TEMPLATE = """\
+_POLLER_TEMPLATE = """\
 # Written by `dbfanout demo`.
 [app]
 name = "{app_name}"
@@ -48,38 +48,33 @@ servicebus_connection = "DBFANOUT_SERVICEBUS"
 
 [pollers.orders]
 source_url = "${{ORDERS_DB_URL}}"
-table = "orders"
-cursor = "version"
-pk = ["id"]
 queue = "{queue}"
 schedule = "*/1 * * * * *"
 batch_size = {batch_size}
 max_batches_per_tick = 50
 lease_ttl_seconds = 10
 settle_seconds = 0
-soft_delete_column = "deleted_at"
 split_after_deliveries = 2
+"""
+CONFIG_TEMPLATE = (
+    _POLLER_TEMPLATE
+    + """\
+table = "orders"
+cursor = "version"
+pk = ["id"]
+soft_delete_column = "deleted_at"
 handler = "dbfanout.demo.handler:handle"
 """
-
+)
 # ``dbfanout demo --source outbox``: the writer hard-deletes and writes an outbox row per change in
 # the same transaction; the poller reads the outbox (one writer on SQLite: no settle window needed)
 # and prunes what it delivered.
 OUTBOX_CONFIG_TEMPLATE = (
-    CONFIG_TEMPLATE.split("[pollers.orders]")[0]
+    _POLLER_TEMPLATE
     + """\
-[pollers.orders]
 kind = "outbox"
-source_url = "${{ORDERS_DB_URL}}"
 table = "dbfanout_outbox"
-queue = "{queue}"
-schedule = "*/1 * * * * *"
-batch_size = {batch_size}
-max_batches_per_tick = 50
-lease_ttl_seconds = 10
-settle_seconds = 0
 outbox_retention_seconds = 30
-split_after_deliveries = 2
 handler = "dbfanout.demo.handler:handle_outbox"
 """
 )

@@ -45,6 +45,16 @@ def _types(page: Page) -> list[str | None]:
     return [row.event.change for row in page.rows if row.event is not None]
 
 
+def _early_still_open_late_committed(box: Outbox) -> sa.Connection:
+    """A writes 'early' (the lower id and xid) and stays open; B writes 'late' and commits. Returns A."""
+    a = box.begin()
+    write_change(a, box.name, aggregate="1", type="early")
+    b = box.begin()
+    write_change(b, box.name, aggregate="2", type="late")
+    b.commit()
+    return a
+
+
 def _xid_first_outbox_id_last(box: Outbox) -> sa.Connection:
     """B takes its transaction id first, A writes the outbox first; B commits; A (returned) is open."""
     b = box.begin()
@@ -58,11 +68,7 @@ def _xid_first_outbox_id_last(box: Outbox) -> sa.Connection:
 
 def test_pg_the_xid_horizon_holds_back_what_a_running_transaction_could_precede(pg_box: Outbox) -> None:
     source = open_source(outbox_poller(str(pg_box.engine.url), pg_box.name))
-    a = pg_box.begin()
-    write_change(a, pg_box.name, aggregate="1", type="early")
-    b = pg_box.begin()
-    write_change(b, pg_box.name, aggregate="2", type="late")
-    b.commit()
+    a = _early_still_open_late_committed(pg_box)
     # While A runs, B's change (a later transaction id) is not read
     page = source.fetch(None, 10)
     assert _types(page) == []
@@ -91,11 +97,7 @@ def test_mariadb_the_settled_prefix_holds_back_rows_behind_an_open_transaction(m
     # A generous window: the read right after B's commit must happen inside it even on a loaded machine
     poller = outbox_poller(url, maria_box.name, settle_seconds=60)
     source = open_source(poller)
-    a = maria_box.begin()
-    write_change(a, maria_box.name, aggregate="1", type="early")  # A: the lower id, not committed
-    b = maria_box.begin()
-    write_change(b, maria_box.name, aggregate="2", type="late")
-    b.commit()
+    a = _early_still_open_late_committed(maria_box)
     assert _types(source.fetch(None, 10)) == []  # B's row is inside the window: nothing past it is read
     a.commit()
     # Then, once settled (a short window here: the fingerprint ignores settle_seconds), both in order
@@ -117,11 +119,7 @@ def test_mariadb_the_settled_prefix_holds_back_rows_behind_an_open_transaction(m
 def test_mariadb_without_a_settle_window_the_open_transaction_is_skipped(maria_box: Outbox) -> None:
     """The control: settle_seconds = 0 is safe with a single writer only."""
     source = open_source(outbox_poller(str(maria_box.engine.url), maria_box.name, settle_seconds=0))
-    a = maria_box.begin()
-    write_change(a, maria_box.name, aggregate="1", type="early")
-    b = maria_box.begin()
-    write_change(b, maria_box.name, aggregate="2", type="late")
-    b.commit()
+    a = _early_still_open_late_committed(maria_box)
     page = source.fetch(None, 10)
     assert _types(page) == ["late"]
     a.commit()
