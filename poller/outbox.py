@@ -119,9 +119,8 @@ class OutboxSource:
 
     def describe(self) -> dict[str, Any]:
         """What ``dbfanout validate`` shows (connects; checks the table's columns)."""
-        inner = self._keyset()
+        keyset = self._keyset().describe()  # resolves the keyset read: its index check included
         with self._db_errors("describe"), self._engine.connect() as conn:
-            self._check_columns(conn)
             index = self._index_gap(conn)
         cfg = self._config
         return {
@@ -137,7 +136,7 @@ class OutboxSource:
             "settle": self._settle_text(),
             "xid_horizon": "txid" if self._horizon else None,
             "null_cursor": cfg.null_cursor,
-            "index_warning": index or inner.index_warning(),
+            "index_warning": index or keyset["index_warning"],
             "retention": cfg.outbox_retention_seconds,
             "fingerprint": self._fingerprint,
         }

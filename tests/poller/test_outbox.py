@@ -169,3 +169,15 @@ def test_write_change_joins_an_orm_sessions_transaction(outbox: Outbox) -> None:
         session.commit()
     (row,) = open_source(outbox_poller(str(outbox.engine.url), outbox.name)).fetch(None, 10).rows
     assert row.values == {"at": "now"} and row.event is not None and row.event.pk == {"aggregate": "7"}
+
+
+def test_describe_names_a_missing_index_of_the_outbox_read(outbox: Outbox) -> None:
+    poller = outbox_poller(str(outbox.engine.url), outbox.name)
+    assert OutboxSource(poller).describe()["index_warning"] is None
+    horizon = outbox.engine.dialect.name == "postgresql"
+    index = f"ix_{outbox.name}_txid" if horizon else f"ix_{outbox.name}_created"
+    on_table = f" ON {outbox.name}" if outbox.engine.dialect.name in ("mysql", "mariadb") else ""
+    with outbox.engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP INDEX {index}{on_table}")
+    warning = OutboxSource(poller).describe()["index_warning"]
+    assert warning is not None and ("txid, id" if horizon else "created_at") in warning
