@@ -31,9 +31,19 @@ def demo(
         typer.Option(
             "--source",
             help="keyset: poll the orders table (soft deletes); outbox: hard deletes, every change through an "
-            "outbox table (docs/outbox.md)",
+            "outbox table (docs/outbox.md); pg-logical: hard deletes, every change from a PostgreSQL "
+            "replication slot (needs a reachable PostgreSQL with wal_level = logical: --pg-url)",
         ),
     ] = "keyset",
+    pg_url: Annotated[
+        str | None,
+        typer.Option(
+            "--pg-url",
+            envvar="DBFANOUT_DEMO_PG_URL",
+            help="--source pg-logical: SQLAlchemy URL of the PostgreSQL to use "
+            "(default postgresql+psycopg://postgres@127.0.0.1:5432/postgres)",
+        ),
+    ] = None,
     json_out: JsonOption = False,
 ) -> None:
     """Run the whole pipeline locally: writer, poller, Service Bus, workers, a poison row, DLQ replay.
@@ -41,8 +51,8 @@ def demo(
     Exits 0 only when the target table matches the source exactly.
     """
     # Loaded here, not at import: the demo pulls in the emulator, the SDKs and the host.
-    if source not in ("keyset", "outbox"):
-        fail(f"--source must be keyset or outbox (got {source!r})", EXIT_USAGE)
+    if source not in ("keyset", "outbox", "pg-logical"):
+        fail(f"--source must be keyset, outbox or pg-logical (got {source!r})", EXIT_USAGE)
     from dbfanout.demo import DemoOptions, run_demo
     from dbfanout.demo.services import ServiceError
     from dbfanout.demo.view import LiveView, render_summary
@@ -55,7 +65,8 @@ def demo(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with view:
-            summary = run_demo(DemoOptions(duration=duration, rate=rate, keep=keep, source=source), view.show)
+            options = DemoOptions(duration=duration, rate=rate, keep=keep, source=source, pg_url=pg_url)
+            summary = run_demo(options, view.show)
     except KeyboardInterrupt:
         stderr.print("[yellow]interrupted: every process the demo started has been stopped[/]")
         raise typer.Exit(EXIT_INTERRUPTED) from None

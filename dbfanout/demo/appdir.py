@@ -16,6 +16,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dbfanout.demo.handler import FIX_SETTING
+from dbfanout.demo.pg_source import PgDemoSource
 from dbfanout.demo.services import ServiceError, project_root
 from shared.outbox import create_outbox
 
@@ -80,6 +81,28 @@ handler = "dbfanout.demo.handler:handle_outbox"
 )
 
 
+# ``dbfanout demo --source pg-logical``: the orders table on PostgreSQL, every change (hard deletes
+# included) read from a replication slot (dbfanout.demo.pg_source creates and drops it).
+PG_LOGICAL_CONFIG_TEMPLATE = (
+    CONFIG_TEMPLATE.split("[pollers.orders]")[0]
+    + """\
+[pollers.orders]
+kind = "pg_logical"
+source_url = "${{ORDERS_DB_URL}}"
+tables = ["{table}"]
+slot = "{slot}"
+publication = "{slot}"
+queue = "{queue}"
+schedule = "*/1 * * * * *"
+batch_size = {batch_size}
+max_batches_per_tick = 50
+lease_ttl_seconds = 10
+split_after_deliveries = 2
+handler = "dbfanout.demo.handler:handle_pg_logical"
+"""
+)
+
+
 def sqlite_engine(path: Path) -> sa.Engine:
     """An engine on a WAL-mode SQLite file, so readers never block the writer (or the reverse)."""
     engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
@@ -119,7 +142,15 @@ class DemoApp:
 
     @classmethod
     def create(
-        cls, root: Path, *, queue: str, storage: str, servicebus: str, batch_size: int = 100, outbox: bool = False
+        cls,
+        root: Path,
+        *,
+        queue: str,
+        storage: str,
+        servicebus: str,
+        batch_size: int = 100,
+        outbox: bool = False,
+        pg_logical: PgDemoSource | None = None,
     ) -> DemoApp:
         """Write the folder, create the source table and prepare the target database."""
         source = project_root()
@@ -139,14 +170,15 @@ class DemoApp:
             "DBFANOUT_CONFIG": "dbfanout.toml",
             "DBFANOUT_STATE": storage,
             "DBFANOUT_SERVICEBUS": servicebus,
-            "ORDERS_DB_URL": f"sqlite:///{root / 'source.db'}",
+            "ORDERS_DB_URL": pg_logical.url if pg_logical else f"sqlite:///{root / 'source.db'}",
             "TARGET_DB_URL": f"sqlite:///{root / 'target.db'}",
             FIX_SETTING: str(root / "handler-fixed"),
         }
         (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
         app = cls(root, queue, settings)
-        template = OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
-        app.config_file.write_text(template.format(app_name=app.app_name, queue=queue, batch_size=batch_size))
+        template = PG_LOGICAL_CONFIG_TEMPLATE if pg_logical else OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
+        names = {"table": pg_logical.table, "slot": pg_logical.name} if pg_logical else {}
+        app.config_file.write_text(template.format(app_name=app.app_name, queue=queue, batch_size=batch_size, **names))
         engine = sqlite_engine(app.source_db)
         with engine.begin() as conn:
             conn.exec_driver_sql(SOURCE_DDL)

@@ -21,8 +21,10 @@ __all__ = [
     "POISON_STATUS",
     "PoisonRowError",
     "as_row_change",
+    "as_versioned_change",
     "handle",
     "handle_outbox",
+    "handle_pg_logical",
     "is_fixed",
     "is_poison",
 ]
@@ -68,3 +70,17 @@ def as_row_change(event: RowChange) -> RowChange:
     """An outbox event as the row change the example handler replicates (keyed by id, ordered by version)."""
     after = dict(event.after or {})
     return replace(event, pk={"id": int(event.pk["aggregate"])}, cursor=after["version"])
+
+
+def handle_pg_logical(events: list[RowChange], context: HandlerContext) -> None:
+    """The ``--source pg-logical`` demo: slot events (hard deletes with the old row as ``before``,
+    the table has REPLICA IDENTITY FULL) replicated like row events, ordered by the row's version."""
+    handle([as_versioned_change(e) for e in events], context)
+
+
+def as_versioned_change(event: RowChange) -> RowChange:
+    """The example handler orders a row's changes by cursor: use the row's version. A hard delete
+    has no new version; it sorts just after the row's last one (the old row's)."""
+    if event.op == "delete":
+        return replace(event, cursor=float((event.before or {})["version"]) + 0.5)
+    return replace(event, cursor=(event.after or {})["version"])

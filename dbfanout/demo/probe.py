@@ -19,6 +19,7 @@ from azure.storage.blob import BlobServiceClient
 from dbfanout.demo.writer import SourceWriter
 from sbemulator import Emulator
 from shared.codec import decode_state
+from shared.models import Lsn
 
 __all__ = ["Probe", "Snapshot"]
 
@@ -66,8 +67,11 @@ class Probe:
         self.target = target
         self._last_checkpoint = 0
 
-    def checkpoint(self) -> int:
-        """The committed checkpoint's cursor (0 before the first commit); the last value on a read error."""
+    def checkpoint(self, writer: SourceWriter) -> int:
+        """The committed checkpoint as a version (0 before the first commit); the last value on a read error.
+
+        A replication-slot checkpoint is a commit LSN: the writer maps it back to its versions.
+        """
         try:
             doc = decode_state(self._blob.download_blob(timeout=5).readall())
         except ResourceNotFoundError:
@@ -75,7 +79,9 @@ class Probe:
         except AzureError:
             return self._last_checkpoint  # a slow read must not stall the view
         position = doc.checkpoint.position
-        if position is not None and isinstance(position.cursor, int):
+        if position is not None and isinstance(position.cursor, Lsn):
+            self._last_checkpoint = writer.version_at_lsn(position.cursor)
+        elif position is not None and isinstance(position.cursor, int):
             self._last_checkpoint = position.cursor
         return self._last_checkpoint
 
@@ -94,7 +100,7 @@ class Probe:
         return counts[0], counts[1]
 
     def snapshot(self, writer: SourceWriter, *, started: float, phase: str, log: tuple[str, ...]) -> Snapshot:
-        enqueued = self.checkpoint()
+        enqueued = self.checkpoint(writer)
         messages, dlq = self.queue_depths()
         distinct, duplicates = self.handled()
         return Snapshot(

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dbfanout.demo.appdir import DemoApp, sqlite_engine
+from dbfanout.demo.appdir import SOURCE_DDL, DemoApp, sqlite_engine
 from dbfanout.demo.compare import Comparison, compare, read_source, read_target
 from dbfanout.demo.operator import ReplayRun
+from dbfanout.demo.pg_source import DEFAULT_PG_URL, PgDemoSource
 from dbfanout.demo.probe import Probe, Snapshot
 from dbfanout.demo.services import ChildProcess, ServiceError, start_azurite, start_servicebus, wait_for
 from dbfanout.demo.writer import SourceWriter
@@ -51,7 +52,8 @@ class DemoOptions:
     rate: float = 50.0
     keep: bool = False
     seed: int | None = None
-    source: str = "keyset"  # or "outbox": hard deletes, delivered through an outbox table
+    source: str = "keyset"  # or "outbox": hard deletes through an outbox table; "pg-logical": a slot
+    pg_url: str | None = None  # --source pg-logical: the PostgreSQL to use
 
     @property
     def drain_timeout(self) -> float:
@@ -125,9 +127,10 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         stack.callback(emulator.stop)
         azurite = start_azurite(workdir)
         stack.callback(azurite.stop)
+        pg = _pg_source(options, stack)
         app = DemoApp.create(
             workdir / "app", queue=QUEUE, storage=azurite.connection_string, servicebus=emulator.connection_string,
-            outbox=options.source == "outbox",
+            outbox=options.source == "outbox", pg_logical=pg,
         )  # fmt: skip
         env = _child_env(app)
         host = _start_host(app, env)
@@ -138,7 +141,10 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
             storage=azurite.connection_string, app_name=app.app_name, poller=POLLER, queue=QUEUE,
             emulator=emulator, target=target,
         )  # fmt: skip
-        writer = SourceWriter(app.source_db, options.rate, seed=options.seed, outbox=options.source == "outbox")
+        writer = SourceWriter(
+            pg.engine() if pg else app.source_db, options.rate, seed=options.seed,
+            outbox=options.source == "outbox", hard_deletes=pg is not None,
+        )  # fmt: skip
         stack.callback(_stop_quietly, writer)
         story = _Story()
         if options.keep:
@@ -146,7 +152,8 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         stack.callback(_stop_replay, story)
         stack.callback(_ignore_signals)  # registered last: runs first on the way out
         writer.start()
-        how = "through the outbox (hard deletes)" if options.source == "outbox" else "to orders"
+        how = {"outbox": "through the outbox (hard deletes)", "pg-logical": f"to {pg.table if pg else ''} on "
+               "PostgreSQL (hard deletes, read from a replication slot)"}.get(options.source, "to orders")  # fmt: skip
         story.say(f"writing ~{options.rate:g} changes/s {how}; the host polls every second")
         _loop(options, story, writer, probe, host, show, app, env)
         last = probe.snapshot(writer, started=story.started, phase="done", log=tuple(story.log))
@@ -154,6 +161,17 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         check = compare(read_source(writer.engine), read_target(target))
         summary = _summary(options, story, writer, last, check, app if options.keep else None)
     return summary
+
+
+def _pg_source(options: DemoOptions, stack: contextlib.ExitStack) -> PgDemoSource | None:
+    """``--source pg-logical``: the table, publication and slot, dropped on every way out (after
+    the host stopped: callbacks run last-in first-out, and the host is started after this)."""
+    if options.source != "pg-logical":
+        return None
+    pg = PgDemoSource(options.pg_url or DEFAULT_PG_URL, SOURCE_DDL)
+    stack.callback(pg.drop)
+    pg.create()
+    return pg
 
 
 def _loop(

@@ -3,7 +3,8 @@
 One thread, small transactions every ~50 ms. It is the only writer, and it assigns the
 ``version`` cursor itself, so versions become visible in order (see ``appdir.CONFIG_TEMPLATE``).
 With ``outbox=True`` deletes are hard deletes, and every change also writes its outbox row (the
-row as it now is) in the same transaction: the ``--source outbox`` demo.
+row as it now is) in the same transaction: the ``--source outbox`` demo. ``hard_deletes=True`` on
+a PostgreSQL engine is the ``--source pg-logical`` demo (a replication slot sees every change).
 """
 
 from __future__ import annotations
@@ -37,9 +38,21 @@ def _now() -> str:
 class SourceWriter:
     """Writes changes from a thread; ``stop()`` ends it, counters say what it wrote."""
 
-    def __init__(self, path: Path, rate: float, *, seed: int | None = None, outbox: bool = False) -> None:
-        self.engine = sqlite_engine(path)
+    def __init__(
+        self,
+        source: Path | sa.Engine,
+        rate: float,
+        *,
+        seed: int | None = None,
+        outbox: bool = False,
+        hard_deletes: bool = False,
+    ) -> None:
+        self.engine = source if isinstance(source, sa.Engine) else sqlite_engine(source)
         self.outbox = outbox
+        self.hard_deletes = hard_deletes or outbox
+        # PostgreSQL: (WAL insert position just before each commit, last version of that transaction),
+        # so a replication-slot checkpoint (a commit LSN) maps back to the versions it covers.
+        self._lsn_marks: list[tuple[int, int]] | None = [] if self.engine.dialect.name == "postgresql" else None
         self.rate = rate
         self.rng = random.Random(seed)
         self.ops = {"insert": 0, "update": 0, "delete": 0}
@@ -80,6 +93,12 @@ class SourceWriter:
             return 0.0
         return max(0.0, time.monotonic() - self._written_at[max(version, 0)])
 
+    def version_at_lsn(self, lsn: int) -> int:
+        """The last version whose transaction committed at or before the commit LSN ``lsn`` (PostgreSQL)."""
+        marks = self._lsn_marks or []
+        at = bisect.bisect_right(marks, (lsn, self.version + 1))
+        return marks[at - 1][1] if at else 0
+
     def version_at(self, moment: float) -> int:
         """The last version written at or before the monotonic time ``moment``."""
         return bisect.bisect_right(self._written_at, moment)
@@ -95,9 +114,15 @@ class SourceWriter:
                             self._poison(conn)
                         for _ in range(min(due, MAX_OPS_PER_TXN)):
                             self._one(conn)
+                        self._mark_lsn(conn)
                 self._stop.wait(TICK)
         except BaseException as exc:  # surfaced by stop()
             self.error = exc
+
+    def _mark_lsn(self, conn: sa.Connection) -> None:
+        if self._lsn_marks is not None:  # the commit record comes after this position
+            lsn = conn.execute(sa.text("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")).scalar_one()
+            self._lsn_marks.append((int(lsn), self.version))
 
     def _bump(self) -> int:
         self.version += 1
@@ -150,6 +175,9 @@ class SourceWriter:
         if self.outbox:  # a hard delete: only the outbox row tells the poller
             conn.execute(sa.text("DELETE FROM orders WHERE id = :id"), {"id": row_id})
             write_change(conn, aggregate=row_id, type="delete", payload={"id": row_id, "version": self._bump()})
+        elif self.hard_deletes:  # a replication slot sees the delete itself
+            conn.execute(sa.text("DELETE FROM orders WHERE id = :id"), {"id": row_id})
+            self._bump()
         else:  # a soft delete: the poller only sees deletions it can read (deleted_at set, new version)
             at = _now()
             conn.execute(

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from dbfanout.demo.services import azurite_binary
+from tests.poller.pg_logical_support import logical_reason
 
 pytestmark = [
     pytest.mark.integration,
@@ -100,3 +102,29 @@ def test_demo_with_the_outbox_source_replicates_hard_deletes_exactly() -> None:
     assert check["target_rows"] == check["source_rows"]
     assert summary["pipeline"]["enqueued_changes"] == written["total"]
     assert summary["dlq"]["replayed"] >= 1 and summary["dlq"]["left"] == 0
+
+
+def test_demo_with_the_pg_logical_source_replicates_hard_deletes_exactly(pg_url: str) -> None:
+    # Given the replication-slot variant on the local PostgreSQL (wal_level = logical)
+    reason = logical_reason(pg_url)
+    if reason:
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBFANOUT_")}
+    args = ["demo", "--duration", "15", "--json", "--source", "pg-logical", "--pg-url", pg_url]
+    proc = subprocess.run(
+        [sys.executable, "-m", "dbfanout.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    # Then every change arrived through the slot, hard deletes included, and the demo cleaned up
+    assert proc.returncode == 0, (summary, proc.stderr[-3000:])
+    assert summary["ok"] is True and summary["source"] == "pg-logical"
+    check, written = summary["check"], summary["written"]
+    assert check["exact_match"] is True and written["delete"] > 0
+    assert check["target_rows"] == check["source_rows"] == written["insert"] - written["delete"]
+    assert summary["pipeline"]["enqueued_changes"] == written["total"]
+    engine = sa.create_engine(pg_url)
+    with engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'dbfanout_demo_%'")).scalar()
+    engine.dispose()
+    assert left == 0  # the schema, and with it the slot and the publication, were dropped

@@ -12,10 +12,18 @@ import pytest
 import sqlalchemy as sa
 
 from dbfanout.demo.appdir import SOURCE_DDL, sqlite_engine
-from dbfanout.demo.handler import FIX_SETTING, PoisonRowError, as_row_change, handle, is_fixed, is_poison
+from dbfanout.demo.handler import (
+    FIX_SETTING,
+    PoisonRowError,
+    as_row_change,
+    as_versioned_change,
+    handle,
+    is_fixed,
+    is_poison,
+)
 from dbfanout.demo.services import ChildProcess, wait_for
 from dbfanout.demo.writer import SourceWriter
-from shared.models import HandlerContext, RowChange
+from shared.models import HandlerContext, Lsn, RowChange
 from shared.outbox import create_outbox
 
 
@@ -117,3 +125,12 @@ def test_the_outbox_writer_hard_deletes_and_writes_one_outbox_row_per_change(tmp
     event = RowChange("e1", "delete", {"aggregate": "7"}, 99, {"id": 7, "version": 12}, "orders", change="delete")
     again = as_row_change(event)
     assert (again.pk, again.cursor, again.op, again.event_id) == ({"id": 7}, 12, "delete", "e1")
+
+
+def test_the_pg_logical_handler_orders_a_hard_delete_after_the_rows_last_version() -> None:
+    # Given a slot update (version 7) and then the row's hard delete (before: the old row, version 7)
+    update = RowChange("ev-1", "upsert", {"id": 1}, (Lsn(100), 0), {"id": 1, "version": 7}, "orders", change="update")
+    delete = RowChange("ev-2", "delete", {"id": 1}, (Lsn(200), 0), None, "orders", before={"id": 1, "version": 7})
+    # Then the example handler sees version 7 for the update and a later cursor for the delete
+    assert as_versioned_change(update).cursor == 7
+    assert as_versioned_change(delete).cursor > as_versioned_change(update).cursor  # type: ignore[operator]
