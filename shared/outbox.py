@@ -106,7 +106,8 @@ def outbox_ddl(dialect: str, table: str = DEFAULT_TABLE) -> list[str]:
     ``postgresql``: identity id, jsonb payload, and a ``txid xid8`` column stamped with the
     writing transaction, read with the snapshot horizon (no settle window needed) through the
     ``(txid, id)`` index. ``mysql``/``mariadb`` and ``sqlite``: auto-increment id (never reused,
-    even after pruning) and an index on ``created_at`` for the settle window.
+    even after pruning) and an index on ``created_at`` for the settle window; ``created_at`` is UTC
+    whatever the writer's session time zone (a DATETIME, not a TIMESTAMP: no 2038 limit).
     """
     index = f"ix_{table.rpartition('.')[2]}"
     if dialect == "postgresql":
@@ -128,7 +129,7 @@ def outbox_ddl(dialect: str, table: str = DEFAULT_TABLE) -> list[str]:
             f"  aggregate  VARCHAR({MAX_AGGREGATE}) NOT NULL,\n"
             f"  type       VARCHAR({MAX_TYPE}) NOT NULL,\n"
             "  payload    JSON,\n"
-            "  created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\n"
+            "  created_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))\n"
             ") ENGINE=InnoDB",
             f"CREATE INDEX {index}_created ON {table} (created_at)",
         ]

@@ -124,3 +124,13 @@ def test_mariadb_without_a_settle_window_the_open_transaction_is_skipped(maria_b
     assert _types(page) == ["late"]
     a.commit()
     assert _types(source.fetch(page.last, 10)) == []
+
+
+def test_mariadb_a_writer_in_another_time_zone_still_waits_out_the_window(maria_box: Outbox) -> None:
+    # Given an application session five hours behind UTC (created_at must still be UTC)
+    source = open_source(outbox_poller(str(maria_box.engine.url), maria_box.name, settle_seconds=60))
+    with maria_box.engine.begin() as conn:
+        conn.exec_driver_sql("SET time_zone = '-05:00'")
+        write_change(conn, maria_box.name, aggregate="1", type="insert")
+    # Then the fresh row is inside the 60 s window, not five hours old
+    assert _types(source.fetch(None, 10)) == []
