@@ -23,11 +23,15 @@ from typing import Any, Literal
 from dbfanout.host.app_loader import DEFAULT_APP, FunctionSpec, apply_settings, discover, load_app
 from dbfanout.host.hostjson import HostJson, load_host_json
 from dbfanout.host.servicebus import QueueRunner
+from dbfanout.host.sessions import SessionQueueRunner
 from dbfanout.host.storagequeue import StorageQueueRunner
 from dbfanout.host.timers import TimerRunner
 from shared.logs import JsonFormatter, TextFormatter, get_logger, ids, use_console_format
 
 __all__ = ["LocalHost", "LogFormat", "configure_logging"]
+
+_QueueTrigger = QueueRunner | SessionQueueRunner | StorageQueueRunner
+_Runner = TimerRunner | _QueueTrigger
 
 log = get_logger("host")
 
@@ -54,7 +58,7 @@ class LocalHost:
         self.host_json: HostJson = HostJson()
         self.functions: list[FunctionSpec] = []
         self.timers: list[TimerRunner] = []
-        self.queues: list[QueueRunner | StorageQueueRunner] = []
+        self.queues: list[_QueueTrigger] = []
         self.app: Any = None
         self._stopped = False
         self.clean_stop = True  # False when a call outlived the grace period
@@ -68,6 +72,8 @@ class LocalHost:
         for spec in self.functions:
             if spec.trigger_type == "timerTrigger":
                 self.timers.append(TimerRunner(spec, settings))
+            elif spec.trigger_type == "serviceBusTrigger" and spec.trigger.get("isSessionsEnabled"):
+                self.queues.append(SessionQueueRunner(spec, settings, self.host_json.service_bus))
             elif spec.trigger_type == "serviceBusTrigger":
                 self.queues.append(QueueRunner(spec, settings, self.host_json.service_bus))
             elif spec.trigger_type == "queueTrigger":
@@ -76,7 +82,10 @@ class LocalHost:
                 keys = ids(function=spec.name, type=spec.trigger_type)
                 log.warning("trigger type not served by the local host; skipped", extra=keys)
         # Parse everything before starting anything: a bad schedule fails the start, not a thread.
-        runners: list[TimerRunner | QueueRunner | StorageQueueRunner] = [*self.queues, *self.timers]
+        runners: list[_Runner] = [
+            *self.queues,
+            *self.timers,
+        ]
         for runner in runners:
             runner.start()
         log.info(
@@ -107,7 +116,7 @@ class LocalHost:
         for runner in self.queues:
             runner.stop(self.grace_seconds)
         deadline = time.monotonic() + self.grace_seconds + 5.0
-        parts: list[TimerRunner | QueueRunner | StorageQueueRunner] = [*self.timers, *self.queues]
+        parts: list[_Runner] = [*self.timers, *self.queues]
         for part in parts:
             if not part.join(max(0.1, deadline - time.monotonic())):
                 self.clean_stop = False

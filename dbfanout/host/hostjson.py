@@ -2,8 +2,9 @@
 
 Service Bus extension 5.x (``extensions.serviceBus``): ``autoCompleteMessages`` true,
 ``maxAutoLockRenewalDuration`` 00:05:00, ``maxConcurrentCalls`` 16, ``maxConcurrentSessions`` 8,
-``prefetchCount`` 0, ``maxMessageBatchSize`` 1000; ``clientRetryOptions.mode`` is checked against the
-values the published host.json schema allows. Storage Queues extension 5.x (``extensions.queues``): ``batchSize`` 16,
+``prefetchCount`` 0, ``maxMessageBatchSize`` 1000, ``sessionIdleTimeout`` the try timeout
+(00:01:00); ``clientRetryOptions.mode`` is checked against the values the published host.json
+schema allows. Storage Queues extension 5.x (``extensions.queues``): ``batchSize`` 16,
 ``newBatchThreshold`` batchSize/2, ``maxPollingInterval`` 00:01:00, ``visibilityTimeout`` 00:00:00,
 ``maxDequeueCount`` 5, ``messageEncoding`` base64. ``logging.logLevel.default`` / ``Function`` set
 the log level.
@@ -55,6 +56,9 @@ class ServiceBusOptions:
     max_message_batch_size: int = 1000
     max_concurrent_sessions: int = 8
     client_retry_mode: str = "exponential"
+    # How long a session with no new message is held before the next one is accepted; the
+    # extension's default is the client's try timeout (clientRetryOptions.tryTimeout, 00:01:00).
+    session_idle_timeout_seconds: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,9 @@ def _service_bus(section: dict[str, Any]) -> ServiceBusOptions:
         key = "host.json extensions.serviceBus.autoCompleteMessages"
         raise ConfigError(key, f"must be true or false (got {auto!r})")
     renewal = section.get("maxAutoLockRenewalDuration", "00:05:00")
+    retry = section.get("clientRetryOptions") or {}
+    try_timeout = retry.get("tryTimeout", "00:01:00") if isinstance(retry, dict) else "00:01:00"
+    idle = section.get("sessionIdleTimeout", try_timeout)
     return ServiceBusOptions(
         auto_complete_messages=auto,
         max_auto_lock_renewal_seconds=parse_timespan(
@@ -127,6 +134,7 @@ def _service_bus(section: dict[str, Any]) -> ServiceBusOptions:
         max_message_batch_size=_int(section, "maxMessageBatchSize", 1000, 1),
         max_concurrent_sessions=_int(section, "maxConcurrentSessions", 8, 1),
         client_retry_mode=_retry_mode(section),
+        session_idle_timeout_seconds=parse_timespan(str(idle), "host.json extensions.serviceBus.sessionIdleTimeout"),
     )
 
 

@@ -29,12 +29,41 @@ from dbfanout.host.schedule import resolve_setting
 from shared.errors import ConfigError
 from shared.logs import get_logger, ids
 from shared.servicebus import servicebus_client
-from shared.settings import servicebus_connection
+from shared.settings import ServiceBusConnection, servicebus_connection
 from worker.settlement import settle_bus
 
-__all__ = ["QueueRunner"]
+__all__ = ["QueueRunner", "ServiceBusTrigger", "call_with_messages"]
 
 log = get_logger("host.servicebus")
+
+
+@dataclass(frozen=True)
+class ServiceBusTrigger:
+    """What a ``serviceBusTrigger`` binding asks for: queue, connection, cardinality, sessions."""
+
+    queue: str
+    connection_name: str
+    connection: ServiceBusConnection
+    many: bool
+    sessions: bool
+
+    @classmethod
+    def of(cls, spec: FunctionSpec, settings: Mapping[str, str]) -> ServiceBusTrigger:
+        trigger = spec.trigger
+        name = str(trigger.get("connection") or "AzureWebJobsServiceBus")
+        return cls(
+            queue=resolve_setting(str(trigger.get("queueName", "")), settings, f"{spec.name}.queueName"),
+            connection_name=name,
+            connection=servicebus_connection(settings, name),
+            many=str(trigger.get("cardinality", "ONE")).upper() == "MANY",
+            sessions=bool(trigger.get("isSessionsEnabled")),
+        )
+
+
+def call_with_messages(spec: FunctionSpec, messages: list[ServiceBusReceivedMessage], many: bool) -> None:
+    """Call the function with the messages as the host binds them (a list for ``cardinality="many"``)."""
+    converted = [to_functions_message(m) for m in messages]
+    invoke(spec, converted if many else converted[0])
 
 
 @dataclass(eq=False)
@@ -59,17 +88,16 @@ class QueueRunner(TriggerRunner[_Invocation]):
         busy_wait: float = 0.1,
     ) -> None:
         super().__init__(spec, options.max_concurrent_calls)
-        trigger = spec.trigger
-        self.queue = resolve_setting(str(trigger.get("queueName", "")), settings, f"{spec.name}.queueName")
-        if trigger.get("isSessionsEnabled"):
+        trigger = ServiceBusTrigger.of(spec, settings)
+        if trigger.sessions:
             raise ConfigError(
                 f"{spec.name}.isSessionsEnabled",
-                "the local host does not serve session-enabled queue triggers yet",
-                hint="run this function on the Functions host, or turn sessions off for local runs",
+                "a session-enabled trigger is served by SessionQueueRunner (dbfanout.host.sessions)",
             )
-        self.connection_name = str(trigger.get("connection") or "AzureWebJobsServiceBus")
-        self._connection = servicebus_connection(settings, self.connection_name)
-        self.many = str(trigger.get("cardinality", "ONE")).upper() == "MANY"
+        self.queue = trigger.queue
+        self.connection_name = trigger.connection_name
+        self._connection = trigger.connection
+        self.many = trigger.many
         self.options = options
         self._idle_wait = idle_wait
         self._busy_wait = busy_wait
@@ -130,8 +158,7 @@ class QueueRunner(TriggerRunner[_Invocation]):
 
     def _call(self, invocation: _Invocation) -> None:
         try:
-            converted = [to_functions_message(m) for m in invocation.messages]
-            invoke(self.spec, converted if self.many else converted[0])
+            call_with_messages(self.spec, invocation.messages, self.many)
         except BaseException as exc:  # any failure abandons; kept for the pump to settle
             invocation.error = exc
         finally:

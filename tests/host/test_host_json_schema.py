@@ -111,3 +111,15 @@ def test_the_local_host_rejects_a_retry_mode_the_schema_rejects(tmp_path: Path) 
     )
     with pytest.raises(ConfigError, match=r"clientRetryOptions\.mode.*lower-case"):
         load_host_json(tmp_path)
+
+
+def test_session_settings_are_read_with_the_extensions_defaults(tmp_path: Path) -> None:
+    # The committed host.json sets them; without them the extension's defaults apply
+    committed = load_host_json(REPO).service_bus
+    assert (committed.max_concurrent_sessions, committed.session_idle_timeout_seconds) == (8, 1.0)
+    (tmp_path / "host.json").write_text(json.dumps({"version": "2.0"}))
+    default = load_host_json(tmp_path).service_bus
+    assert (default.max_concurrent_sessions, default.session_idle_timeout_seconds) == (8, 60.0)
+    retry = {"clientRetryOptions": {"tryTimeout": "00:00:30"}}
+    (tmp_path / "host.json").write_text(json.dumps({"version": "2.0", "extensions": {"serviceBus": retry}}))
+    assert load_host_json(tmp_path).service_bus.session_idle_timeout_seconds == 30.0
