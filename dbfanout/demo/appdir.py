@@ -79,25 +79,15 @@ outbox_retention_seconds = 30
 handler = "dbfanout.demo.handler:handle_outbox"
 """
 )
-
-
 # ``dbfanout demo --source pg-logical``: the orders table on PostgreSQL, every change (hard deletes
 # included) read from a replication slot (dbfanout.demo.pg_source creates and drops it).
 PG_LOGICAL_CONFIG_TEMPLATE = (
-    CONFIG_TEMPLATE.split("[pollers.orders]")[0]
+    _POLLER_TEMPLATE
     + """\
-[pollers.orders]
 kind = "pg_logical"
-source_url = "${{ORDERS_DB_URL}}"
 tables = ["{table}"]
 slot = "{slot}"
 publication = "{slot}"
-queue = "{queue}"
-schedule = "*/1 * * * * *"
-batch_size = {batch_size}
-max_batches_per_tick = 50
-lease_ttl_seconds = 10
-split_after_deliveries = 2
 handler = "dbfanout.demo.handler:handle_pg_logical"
 """
 )
