@@ -121,8 +121,13 @@ def pack_batch(
 
 
 def session_key(pk_columns: tuple[str, ...], event: RowChange) -> str:
-    """Session id for per-key ordering: the primary key values (Service Bus allows 128 chars)."""
-    return "|".join(f"{k}={event.pk.get(k)}" for k in pk_columns)[:128]
+    """Session id for per-key ordering: the primary key values (Service Bus allows 128 chars).
+
+    Change-log events (outbox, logical decoding) carry their own key (``{"aggregate": ...}``),
+    not the configured pk columns: their session is that key.
+    """
+    names = [k for k in pk_columns if k in event.pk] or list(event.pk)
+    return "|".join(f"{k}={event.pk.get(k)}" for k in names)[:128]
 
 
 def application_properties_of(message: OutgoingMessage, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

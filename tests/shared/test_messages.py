@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from shared.codec import decode_batch
 from shared.errors import OversizeRowError
-from shared.messages import PROPERTY_ALLOWANCE, pack_batch
+from shared.messages import PROPERTY_ALLOWANCE, pack_batch, session_key
 from shared.models import Batch, RowChange
 
 
@@ -42,3 +42,10 @@ def test_message_properties_name_schema_poller_and_count() -> None:
     assert message.subject == "orders" and message.content_type == "application/json"
     assert message.application_properties["dbfanout-schema"] == "dbfanout.batch/1"
     assert message.application_properties["dbfanout-event-count"] == 3
+
+
+def test_the_session_of_a_change_log_event_is_its_own_key() -> None:
+    row = RowChange("ev-1", "upsert", {"id": 7}, 1, {"id": 7}, "orders")
+    outbox = RowChange("ev-2", "upsert", {"aggregate": "order:7"}, 12, {}, "changes", change="update")
+    assert session_key(("id",), row) == "id=7"
+    assert session_key(("id",), outbox) == "aggregate=order:7"
