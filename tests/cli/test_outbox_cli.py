@@ -70,3 +70,13 @@ def test_status_and_checkpoint_export_work_for_an_outbox_poller(outbox: Workspac
     exported = outbox.run("checkpoint", "export", "changes")
     assert exported.exit_code == 0, exported.stderr
     assert '"poller_name":"changes"' in exported.stdout.replace(" ", "")
+
+
+def test_checkpoint_reset_replays_the_outbox_from_a_position(outbox: Workspace) -> None:
+    first = outbox.drain("changes")  # all 5 delivered and committed
+    result = outbox.run("checkpoint", "reset", "changes", "--to-cursor", "2", "--pk", "id=2", "--yes")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    # Then the next ticks re-deliver outbox rows 3..5, with the event ids they had the first time
+    replayed = [e for b in outbox.drain("changes").accepted for e in b.events]
+    assert [e.cursor for e in replayed] == [3, 4, 5]
+    assert [e.event_id for e in replayed] == [e.event_id for b in first.accepted for e in b.events][2:]
