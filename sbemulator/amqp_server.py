@@ -312,8 +312,11 @@ def _describe(condition: Condition | None) -> str:
 def _local_error(conn: _Conn) -> str:
     """The error proton raised on this connection itself (a protocol violation), if any."""
     condition = conn.transport.condition
-    if condition is not None and "connection aborted" in (condition.description or ""):
+    description = condition.description or "" if condition is not None else ""
+    if "connection aborted" in description:
         return ""  # the client went away without closing: not a protocol error
+    if description.startswith("no such channel"):
+        return ""  # the SDK, closing from several threads, detaches a link after ending its session
     return _describe(condition)
 
 

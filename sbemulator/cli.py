@@ -52,10 +52,12 @@ def servicebus(
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     names = ", ".join(q.name for q in cfg.queues) or "(none; create them in Config.json)"
+    topics = ", ".join(f"{t.name} [{', '.join(s.name for s in t.subscriptions)}]" for t in cfg.topics) or "(none)"
     typer.echo(f"AMQP port: {emulator.port}")
     typer.echo(f"Health: http://{host}:{emulator.http_port}/health")
     typer.echo(f"Queues: {names}")
     typer.echo(f"Connection string: {emulator.connection_string}", color=False)
+    typer.echo(f"Topics: {topics}")  # after the connection string: scripts read the first four lines
     try:
         while not stop.wait(0.5):
             pass

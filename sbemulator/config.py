@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sbemulator.errors import ConfigError
+from sbemulator.filters import Rule
 
 DEFAULT_MAX_MESSAGE_SIZE = 256 * 1024
 DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
@@ -101,12 +102,17 @@ class QueueProperties:
             raise ConfigError("MaxMessageSizeInKilobytes must be >= 1 and below MaxSizeInMegabytes")
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any], *, where: str = "Properties") -> QueueProperties:
-        """Parse the ``Properties`` object of a queue in Config.json."""
+    def from_json(
+        cls, raw: Mapping[str, Any], *, where: str = "Properties", allowed: frozenset[str] | None = None
+    ) -> QueueProperties:
+        """Parse the ``Properties`` object of a queue (or, with ``allowed``, a topic/subscription)."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where} must be an object")
+        known = allowed if allowed is not None else frozenset(_JSON_KEYS)
         kwargs: dict[str, Any] = {}
         for key, value in raw.items():
-            if key not in _JSON_KEYS:
-                raise ConfigError(f"{where}.{key} is not a supported queue property; known: {sorted(_JSON_KEYS)}")
+            if key not in known:
+                raise ConfigError(f"{where}.{key} is not a supported property here; known: {sorted(known)}")
             attr, convert = _JSON_KEYS[key]
             if value is None or value == "":
                 continue
@@ -130,6 +136,90 @@ _JSON_KEYS: dict[str, tuple[str, Any]] = {
 }
 
 
+_SIZE_KEYS = {"MaxMessageSizeInKilobytes", "MaxSizeInMegabytes"}
+TOPIC_KEYS = frozenset(
+    {"DefaultMessageTimeToLive", "DuplicateDetectionHistoryTimeWindow", "RequiresDuplicateDetection", *_SIZE_KEYS}
+)
+SUBSCRIPTION_KEYS = frozenset(
+    {
+        "DeadLetteringOnMessageExpiration",
+        "DefaultMessageTimeToLive",
+        "LockDuration",
+        "MaxDeliveryCount",
+        "ForwardDeadLetteredMessagesTo",
+        "ForwardTo",
+        "RequiresSession",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionConfig:
+    """A topic subscription: its queue properties and its rules (none: every message matches)."""
+
+    name: str
+    properties: QueueProperties = field(default_factory=QueueProperties)
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """A topic: send-side properties (TTL, duplicate detection, sizes) and its subscriptions.
+
+    ``raw`` keeps the Config.json object it came from (persistence stores topics that way).
+    """
+
+    name: str
+    properties: QueueProperties = field(default_factory=QueueProperties)
+    subscriptions: tuple[SubscriptionConfig, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], *, where: str = "Topics[0]") -> TopicConfig:
+        """Parse one entry of ``Topics`` in Config.json."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where} must be an object with Name, Properties and Subscriptions")
+        _no_unknown_keys(raw, {"Name", "Properties", "Subscriptions"}, where)
+        name = raw.get("Name")
+        if not name:
+            raise ConfigError(f"{where}.Name is missing")
+        props = QueueProperties.from_json(raw.get("Properties") or {}, where=f"{where}.Properties", allowed=TOPIC_KEYS)
+        subs = []
+        for i, sub in enumerate(raw.get("Subscriptions") or []):
+            at = f"{where}.Subscriptions[{i}]"
+            if not isinstance(sub, Mapping):
+                raise ConfigError(f"{at} must be an object with Name, Properties and Rules")
+            _no_unknown_keys(sub, {"Name", "Properties", "Rules"}, at)
+            if not sub.get("Name"):
+                raise ConfigError(f"{at}.Name is missing")
+            own = QueueProperties.from_json(
+                sub.get("Properties") or {}, where=f"{at}.Properties", allowed=SUBSCRIPTION_KEYS
+            )
+            # A subscription inherits the topic's size limits, and its TTL is capped by the topic's.
+            sub_props = own.with_changes(
+                default_message_time_to_live=min(own.default_message_time_to_live, props.default_message_time_to_live),
+                max_message_size=props.max_message_size,
+                max_size_bytes=props.max_size_bytes,
+            )
+            rules = tuple(Rule.from_json(r, f"{at}.Rules[{j}]") for j, r in enumerate(sub.get("Rules") or []))
+            subs.append(SubscriptionConfig(str(sub["Name"]), sub_props, rules))
+        names = [s.name.lower() for s in subs]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{where}: subscription names must be unique (case-insensitive)")
+        return cls(str(name), props, tuple(subs), raw)
+
+
+def _no_unknown_keys(raw: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+
+
+def subscription_path(topic: str, subscription: str) -> str:
+    """The entity path of a subscription, as the SDK addresses it."""
+    return f"{topic}/Subscriptions/{subscription}"
+
+
 @dataclass(frozen=True, slots=True)
 class QueueConfig:
     """A queue name with its properties."""
@@ -140,10 +230,11 @@ class QueueConfig:
 
 @dataclass(frozen=True, slots=True)
 class EmulatorConfig:
-    """The namespace the emulator serves: its queues (topics are not emulated)."""
+    """The namespace the emulator serves: its queues and topics."""
 
     namespace: str = "sbemulatorns"
     queues: tuple[QueueConfig, ...] = ()
+    topics: tuple[TopicConfig, ...] = ()
 
     @classmethod
     def from_file(cls, path: str | Path) -> EmulatorConfig:
@@ -167,14 +258,18 @@ class EmulatorConfig:
         if not namespaces:
             return cls()
         ns = namespaces[0]
+        # Never ignore configuration silently: a key we do not emulate is an error naming it.
+        _no_unknown_keys(ns, {"Name", "Queues", "Topics"}, "UserConfig.Namespaces[0]")
         queues = []
         for i, q in enumerate(ns.get("Queues") or []):
+            _no_unknown_keys(q, {"Name", "Properties"}, f"Queues[{i}]")
             name = q.get("Name")
             if not name:
                 raise ConfigError(f"UserConfig.Namespaces[0].Queues[{i}].Name is missing")
             props = QueueProperties.from_json(q.get("Properties") or {}, where=f"Queues[{i}].Properties")
             queues.append(QueueConfig(name, props))
-        config = cls(namespace=ns.get("Name") or "sbemulatorns", queues=tuple(queues))
+        topics = tuple(TopicConfig.from_json(t, where=f"Topics[{i}]") for i, t in enumerate(ns.get("Topics") or []))
+        config = cls(namespace=ns.get("Name") or "sbemulatorns", queues=tuple(queues), topics=topics)
         config.validate()
         return config
 
@@ -185,14 +280,22 @@ class EmulatorConfig:
         return cls(queues=tuple(QueueConfig(n, props) for n in names))
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` on duplicate names or forwarding to unknown queues."""
-        names = [q.name.lower() for q in self.queues]
+        """Raise :class:`ConfigError` on duplicate names or forwarding to unknown entities."""
+        names = [q.name.lower() for q in self.queues] + [t.name.lower() for t in self.topics]
         if len(set(names)) != len(names):
-            raise ConfigError("queue names must be unique (case-insensitive)")
-        for q in self.queues:
-            for target in (q.properties.forward_to, q.properties.forward_dead_lettered_messages_to):
-                if target and target.lower() not in names:
-                    raise ConfigError(f"queue {q.name!r} forwards to {target!r}, which is not configured")
+            raise ConfigError("queue and topic names must be unique (case-insensitive)")
+        forwarders = [(f"queue {q.name!r}", q.properties) for q in self.queues]
+        forwarders += [
+            (f"subscription {subscription_path(t.name, s.name)!r}", s.properties)
+            for t in self.topics
+            for s in t.subscriptions
+        ]
+        for who, props in forwarders:
+            if props.forward_to and props.forward_to.lower() not in names:
+                raise ConfigError(f"{who} forwards to {props.forward_to!r}, which is not configured")
+            target = props.forward_dead_lettered_messages_to
+            if target and target.lower() not in names:
+                raise ConfigError(f"{who} forwards dead letters to {target!r}, which is not configured")
 
 
 def _strip_comments(text: str) -> str:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from sbemulator.amqp_server import AmqpServer
 from sbemulator.broker import Broker
-from sbemulator.config import EmulatorConfig, QueueProperties
+from sbemulator.config import EmulatorConfig, QueueProperties, TopicConfig
 from sbemulator.faults import Faults
 from sbemulator.health import HealthServer
 from sbemulator.links import LinkHandler
@@ -130,8 +131,23 @@ class Emulator:
             if self._journal is not None:
                 self._journal.put_queue(name, self.broker.queue(name).props)
 
+    def create_topic(self, config: TopicConfig | Mapping[str, Any]) -> None:
+        """Add a topic with its subscriptions while running (no-op if it exists).
+
+        ``config`` is a :class:`TopicConfig` or a Config.json topic object, e.g.
+        ``{"Name": "orders", "Subscriptions": [{"Name": "audit"}, {"Name": "eu", "Rules": [...]}]}``.
+        """
+        topic = config if isinstance(config, TopicConfig) else TopicConfig.from_json(config, where="topic")
+        with self._lock:
+            self.broker.create_topic(topic)
+            if self._journal is not None and topic.raw:
+                self._journal.put_topic(topic.name, topic.raw)
+
     def queue_stats(self, name: str) -> dict[str, int]:
-        """Counts for assertions: active, deferred, scheduled, locked and dead-lettered messages."""
+        """Counts for assertions: active, deferred, scheduled, locked and dead-lettered messages.
+
+        ``name`` is a queue or a subscription (``topic/Subscriptions/name``).
+        """
         with self._lock:
             q, dlq = self.broker.queue(name), self.broker.queue(f"{name}/$DeadLetterQueue")
             states = [m.state.name.lower() for m in q.messages.values()]
@@ -148,4 +164,5 @@ class Emulator:
     def _status(self) -> dict[str, Any]:
         with self._lock:
             queues = sum(1 for _ in self.broker.queues()) // 2
-        return {"status": "healthy", "amqpPort": self.port, "queues": queues}
+            topics = sum(1 for _ in self.broker.topics())
+        return {"status": "healthy", "amqpPort": self.port, "queues": queues, "topics": topics}

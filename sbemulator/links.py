@@ -204,7 +204,7 @@ class LinkHandler:
                 self._open_request_link(link, None)
             elif address.lower().endswith("/$management"):
                 path = EntityPath.parse(address)
-                self.broker.queue(path)
+                self.broker.entity(path)
                 self._open_request_link(link, path)
             elif link.is_receiver:
                 self._attach_producer(link, EntityPath.parse(address))
@@ -243,11 +243,9 @@ class LinkHandler:
             replies[(link.remote_source.address or "").lower()] = link
 
     def _attach_producer(self, link: Link, path: EntityPath) -> None:
-        queue = self.broker.queue(path)
-        if queue.is_dead_letter:
-            raise InvalidOperationError("cannot send to a dead-letter queue")
-        link.max_message_size = queue.props.max_message_size
-        link.properties = {MAX_BATCH_SIZE: ulong(queue.props.max_message_size)}
+        entity = self.broker.sendable(path)
+        link.max_message_size = entity.props.max_message_size
+        link.properties = {MAX_BATCH_SIZE: ulong(entity.props.max_message_size)}
         self._open(link)
         link.sb_role = Producer(path)
         link.flow(INCOMING_CREDIT)

@@ -9,9 +9,11 @@ from typing import Any
 from proton import UNDESCRIBED, Array, Data, Message, symbol, timestamp
 
 from sbemulator.broker import Broker, EntityPath
+from sbemulator.entities import IncomingMessage
 from sbemulator.errors import BrokerError, InvalidOperationError
 from sbemulator.messages import parse_message, render
 from sbemulator.queue import Queue
+from sbemulator.topic import Topic
 
 Body = dict[str, Any]
 _UNDESCRIBED: Any = UNDESCRIBED
@@ -25,10 +27,22 @@ def handle_request(broker: Broker, entity: EntityPath, request: Message) -> Mess
     op_name = str(props.get("operation", ""))
     reply = Message(correlation_id=request.id, address=request.reply_to)
     try:
-        op = _OPS.get(op_name)
-        if op is None:
-            raise InvalidOperationError(f"management operation {op_name!r} is not supported by the emulator")
-        body = op(broker.queue(entity), _normalise(request.body), broker.clock())
+        target = broker.entity(entity)
+        body_in = _normalise(request.body)
+        body: Body | None
+        if isinstance(target, Topic):
+            topic_op = _TOPIC_OPS.get(op_name)
+            if topic_op is None:
+                raise InvalidOperationError(
+                    f"management operation {op_name!r} does not apply to topic '{target.name}';"
+                    " address one of its subscriptions"
+                )
+            body = topic_op(broker, target, body_in, broker.clock())
+        else:
+            op = _OPS.get(op_name)
+            if op is None:
+                raise InvalidOperationError(f"management operation {op_name!r} is not supported by the emulator")
+            body = op(target, body_in, broker.clock())
         status, description = (200, "OK") if body is not None else (204, "No Content")
         reply.properties = {"statusCode": status, "statusDescription": description}  # type: ignore[assignment]
         reply.body = body if body is not None else {}
@@ -99,18 +113,34 @@ def _update_disposition(q: Queue, body: Mapping[str, Any], now: float) -> Body:
 
 
 def _schedule(q: Queue, body: Mapping[str, Any], now: float) -> Body:
+    return _schedule_on(q, body, lambda incoming: q.enqueue(incoming, now))
+
+
+def _schedule_on(
+    entity: Queue | Topic, body: Mapping[str, Any], enqueue: Callable[[IncomingMessage], int | None]
+) -> Body:
     seqs = []
     for entry in body.get("messages") or []:
         payload = bytes(entry.get("message") or b"")
         incoming = parse_message(payload)
-        q.check_size(len(payload))
-        seq = q.enqueue(incoming, now)
+        entity.check_size(len(payload))
+        seq = enqueue(incoming)
         seqs.append(seq if seq is not None else 0)
     return {"sequence-numbers": Array(_UNDESCRIBED, Data.LONG, *seqs)}
 
 
 def _cancel(q: Queue, body: Mapping[str, Any], now: float) -> Body:
     q.cancel_scheduled(int(s) for s in body.get("sequence-numbers") or [])
+    return {}
+
+
+def _schedule_on_topic(broker: Broker, topic: Topic, body: Mapping[str, Any], now: float) -> Body:
+    return _schedule_on(topic, body, lambda incoming: broker.enqueue(topic, incoming, now))
+
+
+def _cancel_on_topic(broker: Broker, topic: Topic, body: Mapping[str, Any], now: float) -> Body:
+    for seq in body.get("sequence-numbers") or []:
+        topic.cancel_scheduled(int(seq))
     return {}
 
 
@@ -145,6 +175,10 @@ def _list_sessions(q: Queue, body: Mapping[str, Any], now: float) -> Body | None
     return {"skip": skip + len(page), "sessions-ids": Array(_UNDESCRIBED, Data.STRING, *page)}
 
 
+_TOPIC_OPS: dict[str, Callable[[Broker, Topic, Mapping[str, Any], float], Body]] = {
+    "com.microsoft:schedule-message": _schedule_on_topic,
+    "com.microsoft:cancel-scheduled-message": _cancel_on_topic,
+}
 _OPS: dict[str, Op] = {
     "com.microsoft:renew-lock": _renew_lock,
     "com.microsoft:peek-message": _peek,

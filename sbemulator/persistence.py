@@ -12,10 +12,11 @@ import dataclasses
 import json
 import sqlite3
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sbemulator.config import QueueProperties
+from sbemulator.config import QueueProperties, TopicConfig
 from sbemulator.entities import MessageState, SessionRecord, StoredMessage
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ FLUSH_INTERVAL = 0.05
 DB_NAME = "sbemulator.sqlite3"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (name TEXT PRIMARY KEY, props TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, config TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
     queue TEXT NOT NULL, seq INTEGER NOT NULL, payload BLOB NOT NULL, message_id TEXT, session_id TEXT,
     enqueued_at REAL NOT NULL, expires_at REAL NOT NULL, state INTEGER NOT NULL, delivery_count INTEGER NOT NULL,
@@ -97,6 +99,11 @@ class SqliteJournal:
                 "INSERT OR REPLACE INTO queues VALUES (?,?)", (name, json.dumps(dataclasses.asdict(props)))
             )
 
+    def put_topic(self, name: str, config: Mapping[str, Any]) -> None:
+        """Remember a topic created at runtime (its Config.json object) so a restart recreates it."""
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO topics VALUES (?,?)", (name, json.dumps(config)))
+
     def close(self) -> None:
         """Flush and close the database."""
         self.flush()
@@ -104,9 +111,14 @@ class SqliteJournal:
 
     # ---- restore -------------------------------------------------------------------------
     def restore(self, broker: Broker) -> None:
-        """Recreate runtime-created queues and reload every message and session state."""
+        """Recreate runtime-created queues and topics, reload every message and session state.
+
+        Subscriptions are queues (``topic/Subscriptions/name``): their messages come back the same way.
+        """
         for name, props in self._db.execute("SELECT name, props FROM queues"):
             broker.create_queue(name, QueueProperties(**json.loads(props)))
+        for (config,) in self._db.execute("SELECT config FROM topics"):
+            broker.create_topic(TopicConfig.from_json(json.loads(config), where="persisted topic"))
         for row in self._db.execute("SELECT * FROM messages ORDER BY queue, seq"):
             queue = broker.queue(row[0])
             queue.restore(_message(row))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import heapq
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sbemulator.config import QueueProperties
+from sbemulator.dedup import DuplicateHistory
 from sbemulator.entities import (
     INFINITY,
     IncomingMessage,
@@ -72,7 +72,8 @@ class Queue:
         self._lock_heap: list[tuple[float, int, uuid.UUID]] = []
         self._ttl_heap: list[tuple[float, int]] = []
         self._scheduled_heap: list[tuple[float, int]] = []
-        self._dedup: OrderedDict[str, float] = OrderedDict()
+        enabled = props.requires_duplicate_detection and not is_dead_letter
+        self._dedup = DuplicateHistory(enabled, props.duplicate_detection_history_time_window)
         self.version = 0  # bumped whenever a message may have become ready (wakes dispatch)
 
     # ---- sending -------------------------------------------------------------------------
@@ -88,10 +89,10 @@ class Queue:
         """Store a message; returns its sequence number, or None when dropped as a duplicate."""
         if self.props.requires_session and incoming.session_id is None and not self.is_dead_letter:
             raise InvalidOperationError(f"queue '{self.name}' requires sessions: set session_id on every message")
-        if self._is_duplicate(incoming.message_id, now):
+        if self._dedup.is_duplicate(incoming.message_id, now):
             return None
         self._check_quota(incoming.size)
-        self._remember(incoming.message_id, now)
+        self._dedup.remember(incoming.message_id, now)
         msg = StoredMessage(
             seq=self._take_seq(),
             payload=incoming.payload,
@@ -137,6 +138,11 @@ class Queue:
         if msg.expires_at != INFINITY:
             heapq.heappush(self._ttl_heap, (msg.expires_at, msg.seq))
         self._make_ready(msg)
+
+    def is_scheduled(self, seq: int) -> bool:
+        """True while the message ``seq`` waits for its scheduled enqueue time."""
+        msg = self.messages.get(seq)
+        return msg is not None and msg.state is MessageState.SCHEDULED
 
     def cancel_scheduled(self, seqs: Iterable[int]) -> None:
         """Drop scheduled messages; unknown or already enqueued ones raise MessageNotFoundError."""
@@ -270,7 +276,7 @@ class Queue:
             if msg is not None and msg.lock_token is None and msg.expires_at <= now:
                 self._expire(msg, now)
         self.sessions.tick(now)
-        self._prune_dedup(now)
+        self._dedup.prune(now)
 
     def next_deadline(self) -> float:
         """When tick next has work (INFINITY if never)."""
@@ -363,23 +369,6 @@ class Queue:
         msg.dead_letter_reason, msg.dead_letter_description = reason, desc
         msg.dead_letter_source = self.name
         self.dead_letter_sink(msg, now)
-
-    def _is_duplicate(self, message_id: str | None, now: float) -> bool:
-        if not self.props.requires_duplicate_detection or message_id is None or self.is_dead_letter:
-            return False
-        self._prune_dedup(now)
-        return message_id in self._dedup
-
-    def _remember(self, message_id: str | None, now: float) -> None:
-        if self.props.requires_duplicate_detection and message_id is not None and not self.is_dead_letter:
-            self._dedup[message_id] = now + self.props.duplicate_detection_history_time_window
-
-    def _prune_dedup(self, now: float) -> None:
-        while self._dedup:
-            first = next(iter(self._dedup))
-            if self._dedup[first] > now:
-                break
-            del self._dedup[first]
 
     def _check_quota(self, size: int) -> None:
         if self.bytes + size > self.props.max_size_bytes:

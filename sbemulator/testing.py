@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,16 @@ def unique_queue(emulator: Emulator, prefix: str = "q", **props: Any) -> str:
     """Create a fresh queue with the given properties and return its name (isolates tests)."""
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
     emulator.create_queue(name, **props)
+    return name
+
+
+def unique_topic(emulator: Emulator, *subscriptions: Mapping[str, Any] | str, prefix: str = "t", **props: Any) -> str:
+    """Create a fresh topic and return its name; each subscription is a name or a Config.json
+    subscription object (``{"Name": "eu", "Properties": {...}, "Rules": [...]}``); ``props`` are
+    the topic's Config.json Properties (``RequiresDuplicateDetection=True``)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    subs = [{"Name": s} if isinstance(s, str) else dict(s) for s in subscriptions]
+    emulator.create_topic({"Name": name, "Properties": props, "Subscriptions": subs})
     return name
 
 
