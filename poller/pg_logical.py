@@ -201,21 +201,6 @@ class PgLogicalSource:
             "lag_bytes": int(row["lag_bytes"] or 0),
         }
 
-    def describe(self) -> dict[str, Any]:
-        """What ``dbfanout validate`` prints for this poller (connects)."""
-        cfg = self._config
-        return {
-            "poller": cfg.name,
-            "url": self._url,
-            "dialect": "postgresql",
-            "mode": "pg_logical",
-            "source": ", ".join(cfg.tables),
-            "slot": self._slot,
-            "publication": self._publication,
-            "pk": list(cfg.pk) or "primary key",
-            "fingerprint": self._fingerprint,
-        }
-
     # ------------------------------------------------------------------------------ reading
 
     def _fetch(self, conn: sa.Connection, after: tuple[int, int] | None, limit: int) -> list[SourceRow]:

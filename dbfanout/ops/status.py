@@ -21,7 +21,6 @@ from poller.sources import open_source
 from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
 from shared.errors import DbFanoutError, SourceError
-from shared.models import Position
 
 __all__ = ["PENDING_LIMIT", "poller_status", "queue_depth", "storage_queue_depth"]
 
@@ -84,7 +83,7 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
         out["state_error"] = _error(exc)
     try:
         if isinstance(source, PgLogicalSource):
-            out["source"] = _slot_source(source, position)
+            out["source"] = _slot_source(source)
             return out
         newest = _newest_cursor(cfg)
         page = source.fetch(position, PENDING_LIMIT)
@@ -99,16 +98,18 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     return out
 
 
-def _slot_source(source: PgLogicalSource, position: Position | None) -> dict[str, Any]:
-    """A pg_logical poller: its slot (WAL it retains, how far behind it is) and pending changes."""
+def _slot_source(source: PgLogicalSource) -> dict[str, Any]:
+    """A pg_logical poller: its slot, how much WAL it holds and how far behind the log it is.
+
+    The slot is not read: a peek takes the slot for its duration, and a tick peeking at the same
+    moment would fail. ``lag_bytes`` (WAL after the slot's confirmed position) is the backlog.
+    """
     slot = source.slot_status()
     if slot is None:
         raise SourceError(f"replication slot {source.slot!r} does not exist (create it: `dbfanout validate --fix`)")
-    page = source.fetch(position, PENDING_LIMIT)
     mib = 1024 * 1024
     return {
         **slot,
-        "pending_rows": len(page) if len(page) < PENDING_LIMIT else f">={PENDING_LIMIT}",
         "lag": f"{slot['lag_bytes'] / mib:.1f} MiB of WAL (retains {slot['retained_wal_bytes'] / mib:.1f} MiB)",
     }
 

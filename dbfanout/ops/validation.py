@@ -21,6 +21,7 @@ from azure.servicebus import ServiceBusClient
 from dbfanout.ops.bus import is_emulator, queue_exists
 from dbfanout.ops.context import open_store
 from poller.events import to_batch
+from poller.pg_logical import PgLogicalSource
 from poller.sources import open_source
 from shared.config import Config, PollerConfig
 from shared.errors import ConfigError, DbFanoutError, OversizeRowError
@@ -72,17 +73,17 @@ def needed_window_seconds(cfg: PollerConfig) -> float:
 
 def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
     p = cfg.name
-    if cfg.kind == "pg_logical":
-        from dbfanout.ops.slot_checks import slot_checks  # imports Check from here
-
-        yield from slot_checks(cfg, fix=fix)
-        return
     try:
         cfg.require_settings()  # the error the deployed poller's ticks would fail with
     except ConfigError as exc:
         yield Check(p, "source", "fail", _msg(exc))
         return
     source = open_source(cfg)
+    if isinstance(source, PgLogicalSource):
+        from dbfanout.ops.slot_checks import slot_checks  # imports Check from here
+
+        yield from slot_checks(cfg, fix=fix)
+        return
     try:
         info = source.describe()
         page = source.fetch(None, SAMPLE_ROWS)

@@ -50,20 +50,20 @@ def test_validate_fix_creates_the_publication_and_the_slot_and_status_shows_the_
     assert _checks(fixed.stdout)["slot"] == "ok", fixed.stdout
     assert _checks(workspace.run("validate", "changes", "--json").stdout)["slot"] == "ok"
     assert unset_up.confirmed_flush() > 0
-    # And status shows the slot (WAL retained, lag) and the pending changes
+    # And status shows the slot: the WAL it retains and its lag behind the log
     unset_up.insert(range(3))
     unset_up.sql("DELETE FROM {t} WHERE id = 0")
     status = workspace.run("status", "changes", "--json")
     assert status.exit_code == 0, status.stdout + status.stderr
     (row,) = json.loads(status.stdout)
     source = row["source"]
-    assert source["slot"] == unset_up.config.slot and source["pending_rows"] == 4
-    assert source["retained_wal_bytes"] >= source["lag_bytes"] > 0
-    # And after a tick nothing is pending and the slot has caught up with what was delivered
+    assert source["slot"] == unset_up.config.slot and source["retained_wal_bytes"] >= source["lag_bytes"] > 0
+    # And after a tick the slot has caught up with what was delivered
     workspace.tick("changes")
     (after,) = json.loads(workspace.run("status", "changes", "--json").stdout)
-    assert after["source"]["pending_rows"] == 0
+    assert after["source"]["lag_bytes"] < source["lag_bytes"]
     assert after["checkpoint"]["cursor"]["kind"] == "pg_lsn"
+    assert "MiB of WAL" in workspace.run("status", "changes").stdout
 
 
 def test_validate_names_a_table_missing_from_the_publication(
