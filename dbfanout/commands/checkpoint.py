@@ -13,12 +13,15 @@ from dbfanout.commands.common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     ConfigOption,
+    DryRunOption,
     JsonOption,
+    YesOption,
     confirm_or_refuse,
     console,
     err_console,
     fail,
     load,
+    mount_group,
     print_json,
     reporting_errors,
 )
@@ -32,17 +35,16 @@ from shared.errors import SerializationError
 from shared.models import Position, StateDoc
 
 PollerArg = Annotated[str, typer.Argument(help="The poller (a pollers.NAME table of dbfanout.toml)")]
-YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Write without asking")]
-DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show the before/after; write nothing")]
 
 
 def register(app: typer.Typer) -> None:
     """Mount ``checkpoint`` on the root command."""
-    group = typer.Typer(help="Export, reset and clone poller checkpoints (with guardrails).", no_args_is_help=True)
-    group.command("export")(export_command)
-    group.command("reset")(reset_command)
-    group.command("clone")(clone_command)
-    app.add_typer(group, name="checkpoint")
+    mount_group(
+        app,
+        "checkpoint",
+        "Export, reset and clone poller checkpoints (with guardrails).",
+        {"export": export_command, "reset": reset_command, "clone": clone_command},
+    )
 
 
 def _now() -> dt.datetime:

@@ -22,11 +22,14 @@ __all__ = [
     "EXIT_REFUSED",
     "EXIT_USAGE",
     "ConfigOption",
+    "DryRunOption",
     "JsonOption",
+    "YesOption",
     "app_root_of",
     "console",
     "fail",
     "load",
+    "mount_group",
     "print_json",
     "reporting_errors",
 ]
@@ -41,9 +44,19 @@ ConfigOption = Annotated[
     typer.Option("--config", "-c", help="dbfanout.toml to use (default: DBFANOUT_CONFIG, else ./dbfanout.toml)"),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do it without asking")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show what would happen; change nothing")]
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
+
+
+def mount_group(app: typer.Typer, name: str, help: str, commands: dict[str, Callable[..., None]]) -> None:
+    """Mount ``dbfanout NAME SUBCOMMAND`` for each of ``commands`` (a command group)."""
+    group = typer.Typer(help=help, no_args_is_help=True)
+    for command, function in commands.items():
+        group.command(command)(function)
+    app.add_typer(group, name=name)
 
 
 def app_root_of(config_path: Path | None) -> Path:

@@ -19,12 +19,15 @@ from dbfanout.commands.common import (
     EXIT_CHECK_FAILED,
     EXIT_USAGE,
     ConfigOption,
+    DryRunOption,
     JsonOption,
+    YesOption,
     confirm_or_refuse,
     console,
     err_console,
     fail,
     load,
+    mount_group,
     print_json,
     progress_bar,
     reporting_errors,
@@ -55,18 +58,16 @@ ReasonOption = Annotated[str | None, typer.Option("--reason", help="Only message
 SinceOption = Annotated[
     str | None, typer.Option("--since", help="Only messages enqueued since T (ISO time, or an age: 2h, 7d)")
 ]
-YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do it without asking")]
-DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show what would happen; change nothing")]
 
 
 def register(app: typer.Typer) -> None:
     """Mount ``dlq`` on the root command."""
-    dlq = typer.Typer(help="Inspect, export, replay and purge a queue's dead-letter queue.", no_args_is_help=True)
-    dlq.command("peek")(peek_command)
-    dlq.command("export")(export_command)
-    dlq.command("replay")(replay_command)
-    dlq.command("purge")(purge_command)
-    app.add_typer(dlq, name="dlq")
+    mount_group(
+        app,
+        "dlq",
+        "Inspect, export, replay and purge a queue's dead-letter queue.",
+        {"peek": peek_command, "export": export_command, "replay": replay_command, "purge": purge_command},
+    )
 
 
 def _since(text: str | None) -> dt.datetime | None:

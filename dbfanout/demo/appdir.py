@@ -20,7 +20,7 @@ from dbfanout.demo.pg_source import PgDemoSource
 from dbfanout.demo.services import ServiceError, project_root
 from shared.outbox import create_outbox
 
-__all__ = ["APP_FILES", "SOURCE_DDL", "DemoApp", "sqlite_engine"]
+__all__ = ["APP_FILES", "SOURCE_DDL", "DemoApp", "app_settings", "sqlite_engine", "write_app_folder"]
 
 APP_FILES = ("function_app.py", "host.json")
 SOURCE_DDL = (
@@ -93,12 +93,46 @@ handler = "dbfanout.demo.handler:handle_pg_logical"
 )
 
 
-def sqlite_engine(path: Path) -> sa.Engine:
-    """An engine on a WAL-mode SQLite file, so readers never block the writer (or the reverse)."""
-    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+def sqlite_engine(path: Path | str) -> sa.Engine:
+    """An engine on a WAL-mode SQLite file (a path or a ``sqlite:///`` URL), so readers never block
+    the writer (or the reverse)."""
+    url = path if isinstance(path, str) else f"sqlite:///{path}"
+    engine = sa.create_engine(url, connect_args={"timeout": 30})
     with engine.begin() as conn:
         conn.exec_driver_sql("PRAGMA journal_mode=WAL")
     return engine
+
+
+def app_settings(
+    root: Path, *, storage: str, servicebus: str, source_url: str | None = None, target_url: str | None = None
+) -> dict[str, str]:
+    """The app settings of a local app folder: emulated storage and Service Bus, SQLite files by default."""
+    return {
+        "AzureWebJobsStorage": storage,
+        "FUNCTIONS_WORKER_RUNTIME": "python",
+        "DBFANOUT_CONFIG": "dbfanout.toml",
+        "DBFANOUT_STATE": storage,
+        "DBFANOUT_SERVICEBUS": servicebus,
+        "ORDERS_DB_URL": source_url or f"sqlite:///{root / 'source.db'}",
+        "TARGET_DB_URL": target_url or f"sqlite:///{root / 'target.db'}",
+    }
+
+
+def write_app_folder(root: Path, settings: dict[str, str]) -> None:
+    """Copy the deployable app (``function_app.py``, ``host.json``, ``handlers/``) from the checkout
+    into ``root`` and write ``local.settings.json`` with ``settings``."""
+    source = project_root()
+    missing = [name for name in (*APP_FILES, "handlers") if not (source / name).exists()]
+    if missing:
+        raise ServiceError(
+            f"{', '.join(missing)} not found in {source}: run the demo from a dbfanout checkout "
+            "(pip install -e . or `make demo`)"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    for name in APP_FILES:
+        shutil.copy(source / name, root / name)
+    shutil.copytree(source / "handlers", root / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
 
 
 @dataclass
@@ -110,25 +144,12 @@ class DemoApp:
     settings: dict[str, str]
     app_name: str = field(default_factory=lambda: "demo" + uuid.uuid4().hex[:6])
 
-    @property
-    def source_db(self) -> Path:
-        return self.root / "source.db"
-
-    @property
-    def target_db(self) -> Path:
-        return self.root / "target.db"
-
-    @property
-    def config_file(self) -> Path:
-        return self.root / "dbfanout.toml"
-
-    @property
-    def fix_file(self) -> Path:
-        return self.root / "handler-fixed"
-
-    @property
-    def host_log(self) -> Path:
-        return self.root / "host.log"
+    def __post_init__(self) -> None:
+        self.source_db = self.root / "source.db"
+        self.target_db = self.root / "target.db"
+        self.config_file = self.root / "dbfanout.toml"
+        self.fix_file = self.root / "handler-fixed"  # its presence "fixes" the demo handler
+        self.host_log = self.root / "host.log"
 
     @classmethod
     def create(
@@ -143,28 +164,12 @@ class DemoApp:
         pg_logical: PgDemoSource | None = None,
     ) -> DemoApp:
         """Write the folder, create the source table and prepare the target database."""
-        source = project_root()
-        missing = [name for name in (*APP_FILES, "handlers") if not (source / name).exists()]
-        if missing:
-            raise ServiceError(
-                f"{', '.join(missing)} not found in {source}: run the demo from a dbfanout checkout "
-                "(pip install -e . or `make demo`)"
-            )
-        root.mkdir(parents=True, exist_ok=True)
-        for name in APP_FILES:
-            shutil.copy(source / name, root / name)
-        shutil.copytree(source / "handlers", root / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+        source_url = pg_logical.url if pg_logical else None
         settings = {
-            "AzureWebJobsStorage": storage,
-            "FUNCTIONS_WORKER_RUNTIME": "python",
-            "DBFANOUT_CONFIG": "dbfanout.toml",
-            "DBFANOUT_STATE": storage,
-            "DBFANOUT_SERVICEBUS": servicebus,
-            "ORDERS_DB_URL": pg_logical.url if pg_logical else f"sqlite:///{root / 'source.db'}",
-            "TARGET_DB_URL": f"sqlite:///{root / 'target.db'}",
+            **app_settings(root, storage=storage, servicebus=servicebus, source_url=source_url),
             FIX_SETTING: str(root / "handler-fixed"),
         }
-        (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
+        write_app_folder(root, settings)
         app = cls(root, queue, settings)
         template = PG_LOGICAL_CONFIG_TEMPLATE if pg_logical else OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
         names = {"table": pg_logical.table, "slot": pg_logical.name} if pg_logical else {}

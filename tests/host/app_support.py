@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from dbfanout.demo.appdir import app_settings, write_app_folder
+from dbfanout.demo.appdir import sqlite_engine as wal_sqlite_engine
 from shared.codec import loads
 from tests.support.ports import wait_until
 
@@ -43,11 +44,7 @@ def sqlite_engine(path: Path | str) -> sa.Engine:
     """An engine on a WAL-mode SQLite file (readers and the writer do not block each other), or on a URL."""
     if isinstance(path, str) and not path.startswith("sqlite"):
         return sa.create_engine(path)
-    url = path if isinstance(path, str) else f"sqlite:///{path}"
-    engine = sa.create_engine(url, connect_args={"timeout": 30})
-    with engine.begin() as conn:
-        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-    return engine
+    return wal_sqlite_engine(path)
 
 
 def pg_schema_url(base: str, schema: str) -> str:
@@ -92,25 +89,16 @@ class AppDir:
         transport: str = "servicebus",
         queues_json: dict[str, Any] | None = None,
     ) -> AppDir:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / "function_app.py", root / "function_app.py")
-        shutil.copytree(REPO / "handlers", root / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
-        doc = json.loads((REPO / "host.json").read_text())
+        settings = app_settings(
+            root, storage=storage, servicebus=servicebus, source_url=source_url, target_url=target_url
+        )
+        write_app_folder(root, settings)
+        doc = json.loads((root / "host.json").read_text())
         if host_json:
             doc["extensions"]["serviceBus"].update(host_json)
         if queues_json:
             doc["extensions"].setdefault("queues", {}).update(queues_json)
         (root / "host.json").write_text(json.dumps(doc, indent=2))
-        settings = {
-            "AzureWebJobsStorage": storage,
-            "FUNCTIONS_WORKER_RUNTIME": "python",
-            "DBFANOUT_CONFIG": "dbfanout.toml",
-            "DBFANOUT_STATE": storage,
-            "DBFANOUT_SERVICEBUS": servicebus,
-            "ORDERS_DB_URL": source_url or f"sqlite:///{root / 'source.db'}",
-            "TARGET_DB_URL": target_url or f"sqlite:///{root / 'target.db'}",
-        }
-        (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
         app = cls(root, queue, settings)
         (root / "dbfanout.toml").write_text(
             f"""
