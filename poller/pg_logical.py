@@ -71,6 +71,7 @@ _PRIMARY_KEY = sa.text(
 _MIN_PEEK = 1024  # messages per peek at least
 _MESSAGES_PER_CHANGE = 3  # a change is one message; a one-change transaction adds Begin and Commit
 _PAGES_PER_PEEK = 4  # a peek decodes about this many pages (a tick's next pages come from its buffer)
+_STREAM_ROWS = 1000  # messages fetched per round trip while streaming a peek
 
 
 def setup_sql(config: PollerConfig) -> list[str]:
@@ -99,6 +100,10 @@ class _Buffer:
 
 class PgLogicalSource:
     """The :class:`~poller.ports.Source` port over a logical replication slot (``pgoutput``)."""
+
+    #: Changes one peek decodes at most (memory bound: a huge transaction is read in parts; a
+    #: larger part means fewer peeks, each of which the server decodes from the slot's position).
+    MAX_DECODED = 20_000
 
     def __init__(self, config: PollerConfig, engine: sa.Engine | None = None) -> None:
         if config.kind != "pg_logical" or not config.slot or not config.publication:
@@ -211,7 +216,7 @@ class PgLogicalSource:
             # be behind ``after`` (the changes up to it are skipped), so read more until enough.
             n = max(_MIN_PEEK, (buffer.messages if buffer else 0) + _MESSAGES_PER_CHANGE * limit * _PAGES_PER_PEEK)
             while True:
-                buffer = self._peek(conn, n, after)
+                buffer = self._peek(conn, n, after, max(limit, self.MAX_DECODED))
                 if buffer.exhausted or len(buffer.changes) >= limit:
                     break
                 n *= _PAGES_PER_PEEK
@@ -241,13 +246,30 @@ class PgLogicalSource:
             target = max(target, buffer.flushed)
         hints[key] = Lsn(max(target, hints.get(key, 0)))
 
-    def _peek(self, conn: sa.Connection, n: int, after: tuple[int, int] | None) -> _Buffer:
-        """Up to ``n`` messages from the slot's position; the changes after ``after``, decoded."""
+    def _peek(self, conn: sa.Connection, n: int, after: tuple[int, int] | None, keep: int) -> _Buffer:
+        """Up to ``n`` messages from the slot's position; the changes after ``after``, decoded.
+
+        Streamed, and no more than about ``keep`` changes are decoded: the server returns a
+        transaction whole however large it is, and a bulk load of a million rows must not be held
+        in memory (the rest of it is read again, past the checkpoint, by the next peeks).
+        """
         flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())
-        rows = conn.execute(_PEEK, {"slot": self._slot, "n": n, "pub": self._publication}).scalars().all()
         decoder = Decoder(_loader(conn), skip_through=after)
-        changes = [c for data in rows for c in decoder.feed(bytes(data)) if self._wanted(c)]
-        return _Buffer(changes, [c.key for c in changes], len(rows) < n, flushed, len(rows))
+        changes: list[Change] = []
+        read, stopped = 0, False
+        stream = conn.execution_options(stream_results=True, yield_per=_STREAM_ROWS)
+        result = stream.execute(_PEEK, {"slot": self._slot, "n": n, "pub": self._publication}).scalars()
+        try:
+            for data in result:
+                read += 1
+                changes.extend(c for c in decoder.feed(bytes(data)) if self._wanted(c))
+                if len(changes) + decoder.pending >= keep:
+                    stopped = True
+                    changes.extend(c for c in decoder.partial() if self._wanted(c))
+                    break
+        finally:
+            result.close()
+        return _Buffer(changes, [c.key for c in changes], not stopped and read < n, flushed, read)
 
     def _wanted(self, change: Change) -> bool:
         if change.kind == "truncate":

@@ -158,6 +158,17 @@ class Decoder:
             pending[-1].last_in_txn = True  # skipped changes are a prefix: this one ends the transaction
         yield from pending
 
+    @property
+    def pending(self) -> int:
+        """Changes of the transaction being read (yielded at its Commit)."""
+        return len(self._pending)
+
+    def partial(self) -> list[Change]:
+        """The changes read so far of a transaction whose Commit was not read (the reader stopped
+        early): their ``end_lsn`` is not known, and none is marked the last of its transaction."""
+        pending, self._pending = self._pending, []
+        return pending
+
     def _relation(self, r: _Reader) -> None:
         oid, schema, name, identity = r.take(_U32), r.string(), r.string(), r.byte()
         columns, types, keys = [], [], []

@@ -96,6 +96,7 @@ def test_a_10k_row_transaction_is_split_across_pages_and_ticks(logical: LogicalT
     store, sink = MemoryStateStore("p"), RecordingSink()
     config = replace(logical.config, batch_size=500, max_batches_per_tick=4)
     source = PgLogicalSource(config)
+    source.MAX_DECODED = 1200  # a peek decodes the big transaction in parts, as a bulk load would be
     # When ticking: the first tick stops inside the transaction (2,000 of 10,000)
     first = run_tick(config, source, store, sink, owner_id="a")
     assert (first.stop_reason, first.rows) == ("max_batches", 2000)
