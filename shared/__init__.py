@@ -1,51 +1,16 @@
 """What the poller, the worker and user handlers share: the handler API, models and errors."""
 
-from shared.errors import (
-    CommitAmbiguousError,
-    CommitError,
-    ConfigError,
-    CursorError,
-    DbFanoutError,
-    EnqueueError,
-    EnvelopeError,
-    FetchError,
-    FingerprintMismatchError,
-    HandlerError,
-    LeaseError,
-    LostLeaseError,
-    OversizeRowError,
-    SerializationError,
-    SourceError,
-    StateError,
-    StateFormatError,
-    StateUnavailableError,
-)
+from shared import errors as _errors
+from shared.errors import *  # noqa: F403 - every public error, as shared.errors.__all__ lists them
 from shared.models import Batch, Checkpoint, HandlerContext, Lease, Position, RowChange, StateDoc
 
 __all__ = [
+    *_errors.__all__,
     "Batch",
     "Checkpoint",
-    "CommitAmbiguousError",
-    "CommitError",
-    "ConfigError",
-    "CursorError",
-    "DbFanoutError",
-    "EnqueueError",
-    "EnvelopeError",
-    "FetchError",
-    "FingerprintMismatchError",
     "HandlerContext",
-    "HandlerError",
     "Lease",
-    "LeaseError",
-    "LostLeaseError",
-    "OversizeRowError",
     "Position",
     "RowChange",
-    "SerializationError",
-    "SourceError",
     "StateDoc",
-    "StateError",
-    "StateFormatError",
-    "StateUnavailableError",
 ]

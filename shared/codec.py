@@ -274,14 +274,20 @@ def encode_state(doc: StateDoc) -> bytes:
     )
 
 
-def decode_state(data: bytes | str) -> StateDoc:
-    """Decode a state blob; anything unexpected is a :class:`StateFormatError`, never a guess."""
+def _json_object(data: bytes | str, error: type[SerializationError], what: str) -> dict[str, Any]:
+    """``data`` parsed as a JSON object; ``error`` (naming ``what``) when it is not one."""
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise StateFormatError(f"state blob is not valid JSON: {exc}") from exc
+        raise error(f"{what} is not JSON: {exc}") from exc
     if not isinstance(raw, dict):
-        raise StateFormatError("state blob must be a JSON object")
+        raise error(f"{what} must be a JSON object")
+    return raw
+
+
+def decode_state(data: bytes | str) -> StateDoc:
+    """Decode a state blob; anything unexpected is a :class:`StateFormatError`, never a guess."""
+    raw = _json_object(data, StateFormatError, "state blob")
     if raw.get("version") != STATE_VERSION:
         raise StateFormatError(
             f"state blob version {raw.get('version')!r} is not supported (this dbfanout reads {STATE_VERSION})",
@@ -412,12 +418,7 @@ def decode_event(raw: Any, poller: str) -> RowChange:
 
 def decode_batch(data: bytes | str) -> Batch:
     """Decode and validate a message body; anything foreign is an :class:`EnvelopeError`."""
-    try:
-        raw = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise EnvelopeError(f"message body is not JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise EnvelopeError("message body must be a JSON object")
+    raw = _json_object(data, EnvelopeError, "message body")
     if raw.get("schema") != BATCH_SCHEMA:
         raise EnvelopeError(f"unknown message schema {raw.get('schema')!r} (expected {BATCH_SCHEMA!r})")
     poller, batch_id, fingerprint, events = (

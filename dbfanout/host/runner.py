@@ -9,9 +9,17 @@ from typing import Generic, TypeVar
 
 from dbfanout.host.app_loader import FunctionSpec
 
-__all__ = ["TriggerRunner"]
+__all__ = ["TriggerRunner", "joined"]
 
 Invocation = TypeVar("Invocation")
+
+
+def joined(thread: threading.Thread | None, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``thread``; True when it ended (or never started)."""
+    if thread is not None:
+        thread.join(timeout)
+        return not thread.is_alive()
+    return True
 
 
 class TriggerRunner(Generic[Invocation]):
@@ -41,10 +49,8 @@ class TriggerRunner(Generic[Invocation]):
         return len(self._inflight)
 
     def join(self, timeout: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            return not self._thread.is_alive()
-        return True
+        """Wait for the pump thread; True when it ended within ``timeout``."""
+        return joined(self._thread, timeout)
 
     def _run(self) -> None:
         raise NotImplementedError

@@ -18,6 +18,7 @@ from azure.functions.timer import TimerRequest
 
 from dbfanout.host.app_loader import FunctionSpec
 from dbfanout.host.invoke import invoke
+from dbfanout.host.runner import joined
 from dbfanout.host.schedule import Schedule, parse_schedule
 from shared.logs import get_logger, ids
 
@@ -65,10 +66,7 @@ class TimerRunner:
 
     def join(self, timeout: float) -> bool:
         """Wait for the thread; True when it ended within ``timeout``."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-            return not self._thread.is_alive()
-        return True
+        return joined(self._thread, timeout)
 
     def _loop(self) -> None:
         if self.run_on_startup and not self._stop.is_set():
