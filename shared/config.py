@@ -194,7 +194,27 @@ def parse_config(
     if not isinstance(pollers_raw, Mapping) or not pollers_raw:
         raise ConfigError("pollers", "no pollers configured", hint="add a [pollers.NAME] table")
     pollers = {name: _poller(name, raw, settings, lenient_settings) for name, raw in pollers_raw.items()}
+    _check_outbox_pruning(pollers)
     return Config(app=app, pollers=pollers, path=path, settings=dict(settings))
+
+
+def _check_outbox_pruning(pollers: Mapping[str, PollerConfig]) -> None:
+    """A poller prunes by its own checkpoint: it must be the outbox's only reader."""
+    readers: dict[tuple[str, str | None], list[PollerConfig]] = {}
+    for p in pollers.values():
+        if p.kind == "outbox":
+            readers.setdefault((p.source_url, p.table), []).append(p)
+    for group in readers.values():
+        pruning = [p for p in group if p.outbox_retention_seconds is not None]
+        if pruning and len(group) > 1:
+            others = ", ".join(p.name for p in group if p is not pruning[0])
+            raise ConfigError(
+                f"pollers.{pruning[0].name}.outbox_retention_seconds",
+                f"poller(s) {others} read the same outbox: pruning by one checkpoint would delete rows the "
+                "others have not read",
+                hint="remove outbox_retention_seconds from every poller of this outbox and prune by the "
+                "oldest checkpoint yourself (docs/outbox.md)",
+            )
 
 
 # --------------------------------------------------------------------------------------------

@@ -114,3 +114,15 @@ def test_outbox_mistakes_name_their_key(changes: dict[str, object], key: str) ->
     with pytest.raises(ConfigError) as info:
         parse_config({"app": {"name": "shop"}, "pollers": {"changes": raw}}, {})
     assert info.value.key == key
+
+
+def test_an_outbox_read_by_two_pollers_may_not_be_pruned_by_one() -> None:
+    pollers: dict[str, dict[str, object]] = {
+        "changes": {**OUTBOX, "outbox_retention_seconds": 60},
+        "backfill": dict(OUTBOX),
+    }
+    with pytest.raises(ConfigError, match="backfill") as info:
+        parse_config({"app": {"name": "shop"}, "pollers": pollers}, {})
+    assert info.value.key == "pollers.changes.outbox_retention_seconds"
+    pollers["changes"].pop("outbox_retention_seconds")
+    assert len(parse_config({"app": {"name": "shop"}, "pollers": pollers}, {}).pollers) == 2
