@@ -7,11 +7,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from poller.ports import SourceRow
 from poller.tick import run_tick
 from shared.config import PollerConfig
+from shared.models import Position
 from shared.outbox import create_outbox, write_change
 from tests.poller.tick_support import RecordingSink
 from tests.support.databases import unique_name
+from tests.support.ports import wait_until
 
 
 def outbox_poller(url: str, table: str, **changes: Any) -> PollerConfig:
@@ -46,6 +49,22 @@ class Outbox:
         with self.engine.begin() as conn:
             write_change(conn, self.name, aggregate=aggregate, type=change, payload=payload)
 
+    def settled(self, timeout: float = 120) -> Outbox:
+        """PostgreSQL: wait until every row written so far is below the transaction-id horizon.
+
+        The horizon is the cluster's: another session's open transaction (other test runs share
+        the server) holds every newer row back until it ends. Elsewhere: nothing to wait for.
+        """
+        if self.engine.dialect.name == "postgresql":
+            query = sa.text(f"SELECT count(*) FROM {self.name} WHERE txid >= pg_snapshot_xmin(pg_current_snapshot())")
+
+            def below() -> bool:
+                with self.engine.connect() as conn:
+                    return conn.execute(query).scalar() == 0
+
+            wait_until(below, timeout, "the outbox rows to fall below the xid horizon")
+        return self
+
     def begin(self) -> sa.Connection:
         conn = self.engine.connect()
         conn.begin()
@@ -71,3 +90,18 @@ def tick_until_caught_up(poller: PollerConfig, source: Any, store: Any, sink: Re
         if run_tick(poller, source, store, sink, owner_id="owner-a").stop_reason == "caught_up":
             return
     raise AssertionError("the outbox poller did not catch up")
+
+
+def read_until(source: Any, after: Position | None, want: int, timeout: float = 120) -> list[SourceRow]:
+    """Fetch (as the timer would) until ``want`` rows arrived: the PostgreSQL horizon may lag."""
+    rows: list[SourceRow] = []
+    position = [after]
+
+    def enough() -> bool:
+        page = source.fetch(position[0], 100)
+        rows.extend(page.rows)
+        position[0] = page.last or position[0]
+        return len(rows) >= want
+
+    wait_until(enough, timeout, f"{want} outbox rows")
+    return rows

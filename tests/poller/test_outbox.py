@@ -36,11 +36,13 @@ def test_a_hard_delete_and_every_intermediate_update_arrive_in_order(outbox: Out
     assert isinstance(source, OutboxSource)
     # Given an insert, delivered
     outbox.write("42", "insert", {"status": "new"})
+    outbox.settled()
     tick_until_caught_up(poller, source, store, sink)
     # When the row is updated three times and then hard-deleted between two ticks
     for status in ("paid", "packed", "shipped"):
         outbox.write("42", "update", {"status": status})
     outbox.write("42", "delete")
+    outbox.settled()
     tick_until_caught_up(poller, source, store, sink)
     # Then every change arrived, in commit order, the delete as op "delete"
     assert changes(sink) == [
@@ -60,6 +62,7 @@ def test_event_ids_and_batch_ids_are_stable_across_redeliveries(outbox: Outbox) 
     poller = outbox_poller(str(outbox.engine.url), outbox.name)
     for i in range(5):
         outbox.write(str(i), "order.created", {"n": i, "nested": {"a": [1, 2]}})
+    outbox.settled()
     first = open_source(poller).fetch(None, 10)
     again = open_source(poller).fetch(None, 10)  # another process, after a crash
     one, two = to_batch(poller, "fp", first.rows), to_batch(poller, "fp", again.rows)
@@ -73,6 +76,7 @@ def test_a_batch_of_many_changes_pages_across_ticks_in_order(outbox: Outbox) -> 
     with outbox.engine.begin() as conn:  # one transaction, 60 changes of 6 aggregates
         for i in range(60):
             write_change(conn, outbox.name, aggregate=str(i % 6), type="update", payload={"seq": i})
+    outbox.settled()
     source, store, sink = open_source(poller), MemoryStateStore(poller.name), RecordingSink()
     tick_until_caught_up(poller, source, store, sink)
     assert [after["seq"] for *_, after in changes(sink)] == list(range(60))
@@ -84,7 +88,7 @@ def test_pruning_never_deletes_a_row_the_landed_checkpoint_does_not_cover(outbox
     )
     for i in range(10):
         outbox.write(str(i), "insert", {"i": i})
-    source, store, written = open_source(poller), MemoryStateStore(poller.name), outbox.ids()
+    source, store, written = open_source(poller), MemoryStateStore(poller.name), outbox.settled().ids()
     # When one tick delivers and commits only the first page (4 rows)
     run_tick(poller, source, store, RecordingSink(), owner_id="a")
     # Then exactly those 4 were pruned at the end of the tick; the 6 unconsumed rows are all there
@@ -108,6 +112,7 @@ def test_retention_keeps_delivered_rows_until_they_are_old_enough(outbox: Outbox
     for i in range(5):
         outbox.write(str(i), "insert")
     source = open_source(poller)
+    outbox.settled()
     tick_until_caught_up(poller, source, MemoryStateStore(poller.name), RecordingSink())
     assert len(outbox.ids()) == 5
 
@@ -116,7 +121,7 @@ def test_acknowledge_prunes_only_up_to_the_checkpoint_it_is_given(outbox: Outbox
     poller = outbox_poller(str(outbox.engine.url), outbox.name, outbox_retention_seconds=0)
     for i in range(6):
         outbox.write(str(i), "insert")
-    source, written = open_source(poller), outbox.ids()
+    source, written = open_source(poller), outbox.settled().ids()
     page = source.fetch(None, 3)
     source.acknowledge(Checkpoint(position=page.last))
     assert outbox.ids() == written[3:]
@@ -146,6 +151,7 @@ def test_a_payload_that_is_not_an_object_fails_loudly(outbox: Outbox) -> None:
             if outbox.engine.dialect.name != "postgresql"
             else sa.text(f"INSERT INTO {outbox.name} (aggregate, type, payload) VALUES ('1', 'x', '[1, 2]'::jsonb)")
         )
+    outbox.settled()
     page = open_source(outbox_poller(str(outbox.engine.url), outbox.name)).fetch(None, 10)
     with pytest.raises(SourceError, match="JSON object"):
         _ = page.rows
@@ -167,7 +173,7 @@ def test_write_change_joins_an_orm_sessions_transaction(outbox: Outbox) -> None:
         session.rollback()  # nothing committed: the change goes with the business write or not at all
         write_change(session, outbox.name, aggregate=7, type="order.shipped", payload={"at": "now"})
         session.commit()
-    (row,) = open_source(outbox_poller(str(outbox.engine.url), outbox.name)).fetch(None, 10).rows
+    (row,) = open_source(outbox_poller(str(outbox.engine.url), outbox.settled().name)).fetch(None, 10).rows
     assert row.values == {"at": "now"} and row.event is not None and row.event.pk == {"aggregate": "7"}
 
 

@@ -45,7 +45,7 @@ def test_sigkill_between_enqueue_and_commit_loses_nothing(
 ) -> None:
     for i in range(ROWS):
         outbox.write(str(i % 4), "update", {"seq": i})
-    written = outbox.ids()
+    written = outbox.settled().ids()
     container, out = f"crash-{uuid.uuid4().hex[:12]}", tmp_path / "sent.jsonl"
     args = [str(outbox.engine.url), outbox.name, azurite.connection_string, container, str(out), str(killed_on_send)]
     child = subprocess.Popen([sys.executable, "-m", "tests.poller.outbox_kill_worker", *args], cwd=ROOT)
@@ -68,6 +68,7 @@ def test_sigkill_between_enqueue_and_commit_loses_nothing(
     store = open_state_store(StorageConnection(connection_string=azurite.connection_string), container, "crash",
                              poller.name, clock=later)  # fmt: skip
     sink = RecordingSink()
+    outbox.settled()
     tick_until_caught_up(poller, open_source(poller), store, sink)
     # Then it resumes right after what the dead owner committed (at most the pages before N), delivers
     # the rest in order, and re-sends the uncommitted page N with the same batch and event ids
