@@ -89,12 +89,13 @@ def test_an_update_that_changes_the_key_carries_the_old_key(logical: LogicalTabl
     assert (update.change, update.pk, update.before) == ("update", {"id": 10}, {"id": 1})
 
 
-def test_a_10k_row_transaction_is_split_across_pages_and_ticks(logical: LogicalTable) -> None:
-    # Given one transaction of 10,000 rows, pages of 500 and 4 pages a tick
+@pytest.mark.parametrize("depth", [1, 16], ids=["inline-commits", "pipelined-commits"])
+def test_a_10k_row_transaction_is_split_across_pages_and_ticks(logical: LogicalTable, depth: int) -> None:
+    # Given one transaction of 10,000 rows, pages of 500 and 4 pages a tick (commits inline or pipelined)
     logical.insert(range(10_000), "big")
     logical.insert([10_000], "after")  # a later transaction
     store, sink = MemoryStateStore("p"), RecordingSink()
-    config = replace(logical.config, batch_size=500, max_batches_per_tick=4)
+    config = replace(logical.config, batch_size=500, max_batches_per_tick=4, max_uncommitted_batches=depth)
     source = PgLogicalSource(config)
     source.MAX_DECODED = 1200  # a peek decodes the big transaction in parts, as a bulk load would be
     # When ticking: the first tick stops inside the transaction (2,000 of 10,000)
@@ -173,3 +174,15 @@ def test_an_idle_slot_is_advanced_past_other_tables_writes(logical: LogicalTable
     # Then the slot moved on anyway (it does not hold WAL back), and nothing was re-sent
     assert logical.confirmed_flush() > before
     assert len(sink.accepted) == 1
+
+
+def test_a_published_truncate_is_skipped_and_the_changes_around_it_arrive(logical: LogicalTable) -> None:
+    # Given a publication that (unlike the one validate --fix creates) also publishes TRUNCATE
+    logical.sql(f"ALTER PUBLICATION {logical.config.publication} SET (publish = 'insert, update, delete, truncate')")
+    logical.insert([1], "a")
+    logical.sql("TRUNCATE {t}")
+    logical.insert([2], "b")
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    # When the poller reads past it; Then the truncate (which has no rows) is not an event
+    _drain(logical, store, sink)
+    assert summary(events_of(sink.accepted)) == [("insert", 1, "a"), ("insert", 2, "b")]
