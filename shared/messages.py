@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from shared.codec import dumps, encode_event
 from shared.errors import OversizeRowError
@@ -128,10 +127,3 @@ def session_key(pk_columns: tuple[str, ...], event: RowChange) -> str:
     """
     names = [k for k in pk_columns if k in event.pk] or list(event.pk)
     return "|".join(f"{k}={event.pk.get(k)}" for k in names)[:128]
-
-
-def application_properties_of(message: OutgoingMessage, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    props: dict[str, Any] = dict(message.application_properties)
-    if extra:
-        props.update(extra)
-    return props

@@ -22,7 +22,6 @@ class Metrics:
     handler_duration: otel_metrics.Histogram
     events_handled: otel_metrics.Counter
     messages_split: otel_metrics.Counter
-    dead_lettered: otel_metrics.Counter
 
 
 def _build() -> Metrics:
@@ -36,7 +35,6 @@ def _build() -> Metrics:
         handler_duration=meter.create_histogram("dbfanout.handler.duration", unit="s"),
         events_handled=meter.create_counter("dbfanout.events_handled", unit="{event}"),
         messages_split=meter.create_counter("dbfanout.messages_split", unit="{message}"),
-        dead_lettered=meter.create_counter("dbfanout.dead_lettered", unit="{message}"),
     )
 
 
