@@ -75,6 +75,11 @@ param pythonVersion string = '3.11'
 @description('Blob container for dbfanout state ([app] state_container in dbfanout.toml).')
 param stateContainerName string = 'db-state'
 
+@description('Days claim-check blobs (oversize rows) are kept before the lifecycle rule deletes them; longer than your dead-letter retention.')
+@minValue(1)
+@maxValue(3650)
+param claimRetentionDays int = 30
+
 @description('Path of the config file relative to the app root (app setting DBFANOUT_CONFIG).')
 param configPath string = 'dbfanout.toml'
 
@@ -137,6 +142,7 @@ module storage './modules/storage.bicep' = {
     tags: allTags
     deploymentContainerName: deploymentContainerName
     stateContainerName: stateContainerName
+    claimRetentionDays: claimRetentionDays
     storageQueueNames: useStorageQueues ? storageQueueNames : []
   }
 }

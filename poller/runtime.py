@@ -12,10 +12,12 @@ from collections.abc import Callable
 from azure.servicebus import ServiceBusClient
 
 from poller.ports import Sink, Source, StateStore
+from poller.sink_queue import ClaimCheckHook
 from poller.sink_servicebus import ServiceBusSink
 from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
 from poller.tick import TickResult, default_owner_id, run_tick
+from shared.claimcheck import open_claim_check
 from shared.config import Config
 from shared.servicebus import QueueSender, servicebus_client
 from shared.settings import servicebus_connection, storage_connection
@@ -75,12 +77,18 @@ class PollerRuntime:
                 servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
             )
             self._bus = lambda: client
-        return ServiceBusSink(self.poller, QueueSender(self._bus(), self.poller.queue))
+        return ServiceBusSink(self.poller, QueueSender(self._bus(), self.poller.queue), claim_check=self._claim_check())
 
     def _storage_queue_sink(self) -> Sink:
         conn = storage_connection(self.config.settings, self.config.app.storage_queue_connection)
         queue = queue_service_client(conn).get_queue_client(self.poller.queue)
-        return StorageQueueSink(self.poller, StorageQueueSender(queue))
+        return StorageQueueSink(self.poller, StorageQueueSender(queue), claim_check=self._claim_check())
+
+    def _claim_check(self) -> ClaimCheckHook | None:
+        """Where oversize rows go with ``oversize_policy = "claim-check"``: the state account's claims."""
+        if self.poller.oversize_policy != "claim-check":
+            return None
+        return open_claim_check(self.config).offload
 
     def tick(self) -> TickResult:
         self.poller.require_settings()  # a poller missing its settings fails here, alone

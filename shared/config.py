@@ -85,6 +85,10 @@ class PollerConfig:
     max_message_bytes: int = 256 * 1024
     oversize_policy: OversizePolicy = "error"
     split_after_deliveries: int = 2
+    # The queue's MaxDeliveryCount (storage queues: host.json maxDequeueCount); None: the default of
+    # the transport (10, 5). A failing batch close to it is split at once, so crashes that used up
+    # its deliveries cannot dead-letter its healthy rows.
+    max_delivery_count: int | None = None
     cardinality: Literal["one", "many"] = "one"
     use_monitor: bool = True
     sessions: bool = False
@@ -110,6 +114,13 @@ class PollerConfig:
         """Raise the :class:`ConfigError` naming a setting ``source_url`` needs but that is not set."""
         if self.missing_settings:
             raise missing_setting_error(f"pollers.{self.name}.source_url", self.missing_settings[0])
+
+    @property
+    def deliveries(self) -> int:
+        """How many deliveries the queue allows before it quarantines a message."""
+        if self.max_delivery_count:
+            return self.max_delivery_count
+        return 5 if self.transport == "storage-queue" else 10
 
     @property
     def time_budget_seconds(self) -> float:
@@ -354,6 +365,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         max_message_bytes=max_bytes,
         oversize_policy=_choice(raw, prefix, "oversize_policy", "error", ("error", "claim-check")),
         split_after_deliveries=_int(raw, prefix, "split_after_deliveries", 2, 1, 1000),
+        max_delivery_count=_int(raw, prefix, "max_delivery_count", 0, 0, 2000) or None,
         cardinality=_choice(raw, prefix, "cardinality", "one", ("one", "many")),
         use_monitor=bool(raw.get("use_monitor", True)),
         sessions=bool(raw.get("sessions", False)),

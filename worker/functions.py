@@ -17,9 +17,11 @@ from pathlib import Path
 import azure.functions as func
 from azure.servicebus import ServiceBusClient
 
+from shared.claimcheck import ClaimCheck, is_claim, open_claim_check
 from shared.config import Config
 from shared.errors import ConfigError
 from shared.messages import OutgoingMessage
+from shared.models import RowChange
 from shared.servicebus import QueueSender, servicebus_client
 from shared.settings import servicebus_connection, storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
@@ -28,6 +30,7 @@ from worker.split import Splitter
 
 __all__ = [
     "WorkerApp",
+    "batch_failure",
     "delivery_from_functions",
     "delivery_from_storage_queue",
     "queue_function_name",
@@ -70,6 +73,7 @@ class WorkerApp:
         self._worker: Worker | None = None
         self._bus: ServiceBusClient | None = None
         self._senders: dict[str, QueueSender | StorageQueueSender] = {}
+        self._claims: ClaimCheck | None = None
 
     def _send_all(self, queue: str, messages: list[OutgoingMessage]) -> None:
         """Where split singles go: back to the queue they came from, over its transport."""
@@ -93,9 +97,22 @@ class WorkerApp:
         with self._lock:
             if self._worker is None:
                 self._worker = Worker(
-                    self.config, splitter=Splitter(self.config, self._send_all), app_root=self._app_root
+                    self.config,
+                    splitter=Splitter(self.config, self._send_all),
+                    app_root=self._app_root,
+                    resolve_claims=self._resolve_claim,
                 )
             return self._worker
+
+    def _resolve_claim(self, event: RowChange) -> RowChange:
+        """A claim-check reference → the stored event; the claim store is opened on the first one."""
+        if not is_claim(event):
+            return event
+        with self._lock:
+            if self._claims is None:
+                self._claims = open_claim_check(self.config)
+            claims = self._claims
+        return claims.resolve(event)
 
     def process(self, msg: func.ServiceBusMessage) -> None:
         self.worker.process(delivery_from_functions(msg))
@@ -177,9 +194,18 @@ def _many(app: WorkerApp, queue: str) -> Callable[[typing.List[func.ServiceBusMe
             try:
                 app.process(one)
             except Exception as exc:  # re-raised below, after the others had their turn
+                exc.add_note(f"message_id={one.message_id} delivery_count={one.delivery_count}")
                 errors.append(exc)
         if errors:
-            raise errors[0]
+            raise batch_failure(errors, len(msg))
 
     work.__name__ = queue_function_name(queue)
     return work
+
+
+def batch_failure(errors: list[Exception], received: int) -> Exception:
+    """One error carrying every failure of a ``cardinality="many"`` invocation (each with its ids)."""
+    if len(errors) == 1:
+        return errors[0]
+    notes = "; ".join(str(n) for e in errors for n in getattr(e, "__notes__", ()))
+    return ExceptionGroup(f"{len(errors)} of {received} messages failed ({notes})", errors)

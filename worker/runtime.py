@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,11 +74,12 @@ class Worker:
             batch = decode_batch(delivery.body)
         except EnvelopeError:
             log.error(
-                "malformed message; it will reach the dead-letter queue", extra=ids(message_id=delivery.message_id)
+                "malformed message; it will reach the dead-letter queue",
+                extra=ids(message_id=delivery.message_id, delivery_count=delivery.delivery_count),
+                exc_info=True,
             )
             metrics.failures.add(1, {"stage": "decode"})
             raise
-        events = self._events(batch)
         context = HandlerContext(
             poller=batch.poller,
             message_id=delivery.message_id,
@@ -90,42 +91,53 @@ class Worker:
         handler = self.handler_for(batch.poller)
         started = time.perf_counter()
         try:
-            call_handler(handler, events, context)
-            error: BaseException | None = None
+            # Claim-check references are resolved here, inside the failure path: a missing claim
+            # fails this message like a handler error (retried, split, its single dead-lettered).
+            call_handler(handler, self._events(batch), context)
+            error: Exception | None = None
         except Exception as exc:  # the user's code may raise anything; it fails the message
             error = exc
         metrics.handler_duration.record(time.perf_counter() - started, {"poller": batch.poller})
         cfg = self._config.pollers[batch.poller]
-        outcome = decide(error is None, len(events), delivery.delivery_count, cfg.split_after_deliveries)
-        return self._carry_out(outcome, batch, events, delivery, error)
+        n_events = len(batch.events)
+        outcome = decide(error is None, n_events, delivery.delivery_count, cfg.split_after_deliveries, cfg.deliveries)
+        return self._carry_out(outcome, batch, delivery, error)
 
     def _events(self, batch: Batch) -> list[RowChange]:
         events = list(batch.events)
         return [self._resolve_claims(e) for e in events] if self._resolve_claims else events
 
-    def _carry_out(
-        self,
-        outcome: Settle,
-        batch: Batch,
-        events: Sequence[RowChange],
-        delivery: Delivery,
-        error: BaseException | None,
-    ) -> Settle:
-        keys = ids(poller=batch.poller, batch_id=batch.batch_id, message_id=delivery.message_id, events=len(events))
+    def _carry_out(self, outcome: Settle, batch: Batch, delivery: Delivery, error: Exception | None) -> Settle:
+        keys = ids(
+            poller=batch.poller,
+            batch_id=batch.batch_id,
+            message_id=delivery.message_id,
+            delivery_count=delivery.delivery_count,
+            events=len(batch.events),
+        )
         if outcome is Settle.COMPLETE:
-            metrics.events_handled.add(len(events), {"poller": batch.poller})
+            metrics.events_handled.add(len(batch.events), {"poller": batch.poller})
             return outcome
         if outcome is Settle.SPLIT and self._splitter is not None:
+            # The error is logged before the singles go: if the split fails, the cause is on record.
+            log.warning(
+                "handler failed on a multi-event message; splitting it into single events",
+                extra={**keys, "error": repr(error)},
+                exc_info=error,
+            )
             # Singles first, parent completes after: a crash between them re-splits with the same ids.
             self._splitter.split(
                 batch, parent_message_id=delivery.message_id, queue=self._config.pollers[batch.poller].queue
             )
-            log.warning("handler failed on a multi-event message; split into single events", extra=keys)
             metrics.messages_split.add(1, {"poller": batch.poller})
             return outcome
         log.warning(
             "handler failed; the message will be retried, then dead-lettered",
-            extra={**keys, "delivery_count": delivery.delivery_count, "error": repr(error)},
+            extra={**keys, "error": repr(error)},
+            exc_info=error,
         )
         metrics.failures.add(1, {"stage": "handler", "poller": batch.poller})
-        raise HandlerError(f"handler for poller {batch.poller} failed: {error!r}") from error
+        raise HandlerError(
+            f"handler for poller {batch.poller} failed on message {delivery.message_id} "
+            f"(delivery {delivery.delivery_count}): {error!r}"
+        ) from error

@@ -19,7 +19,7 @@ from azure.storage.queue import QueueClient, QueueMessage
 
 from shared.logs import get_logger, ids
 
-__all__ = ["Settle", "decide", "settle_bus", "settle_queue"]
+__all__ = ["CRASH_MARGIN", "Settle", "decide", "settle_bus", "settle_queue"]
 
 log = get_logger("worker.settlement")
 
@@ -30,11 +30,24 @@ class Settle(enum.Enum):
     RAISE = "raise"  # fail the invocation: the host abandons; DLQ after MaxDeliveryCount
 
 
-def decide(ok: bool, n_events: int, delivery_count: int, split_after: int) -> Settle:
-    """``delivery_count`` is the Functions host's: 1 on the first delivery."""
+#: A failing batch with fewer deliveries than this left is split at once: a crash (SIGKILL, a lost
+#: host) uses up a delivery without calling the handler, and a few of them between two failures
+#: would otherwise dead-letter the batch whole, its healthy rows with its poison one.
+CRASH_MARGIN = 3
+
+
+def decide(ok: bool, n_events: int, delivery_count: int, split_after: int, max_deliveries: int = 10) -> Settle:
+    """What to do with a message once its handler ran.
+
+    ``delivery_count`` is the Functions host's (1 on the first delivery); ``max_deliveries`` the
+    queue's MaxDeliveryCount. A failing multi-event message is retried whole first (the failure may
+    be transient) and split from its ``split_after``-th delivery on — or on this failure already
+    when fewer than :data:`CRASH_MARGIN` deliveries would remain after it.
+    """
     if ok:
         return Settle.COMPLETE
-    if n_events > 1 and delivery_count >= split_after:
+    close_to_quarantine = max_deliveries - delivery_count < CRASH_MARGIN
+    if n_events > 1 and (delivery_count >= split_after or close_to_quarantine):
         return Settle.SPLIT
     return Settle.RAISE
 

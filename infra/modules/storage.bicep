@@ -85,6 +85,46 @@ resource stateContainer 'Microsoft.Storage/storageAccounts/blobServices/containe
   }
 }
 
+@description('Days a claim-check blob (an oversize row, under <stateContainerName>/claims/) is kept. dbfanout never deletes claims: keep them longer than the dead-letter retention you need, or replaying an older message fails on its missing claim.')
+@minValue(1)
+@maxValue(3650)
+param claimRetentionDays int = 30
+
+// Claim-check blobs (oversize_policy = "claim-check") expire here, not in dbfanout: a redelivery,
+// a split single or a DLQ replay may need a claim long after its first message completed.
+resource lifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = {
+  parent: storage
+  name: 'default'
+  properties: {
+    policy: {
+      rules: [
+        {
+          enabled: true
+          name: 'expire-claim-check-blobs'
+          type: 'Lifecycle'
+          definition: {
+            actions: {
+              baseBlob: {
+                delete: {
+                  daysAfterModificationGreaterThan: claimRetentionDays
+                }
+              }
+            }
+            filters: {
+              blobTypes: [
+                'blockBlob'
+              ]
+              prefixMatch: [
+                '${stateContainerName}/claims/'
+              ]
+            }
+          }
+        }
+      ]
+    }
+  }
+}
+
 output name string = storage.name
 output id string = storage.id
 output blobEndpoint string = storage.properties.primaryEndpoints.blob

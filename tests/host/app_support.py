@@ -88,7 +88,10 @@ class AppDir:
         target_url: str | None = None,
         transport: str = "servicebus",
         queues_json: dict[str, Any] | None = None,
+        handler: str = "handlers.example:handle",
+        poller_toml: str = "",
     ) -> AppDir:
+        """``poller_toml``: more ``key = value`` lines for the poller's section."""
         settings = app_settings(
             root, storage=storage, servicebus=servicebus, source_url=source_url, target_url=target_url
         )
@@ -117,8 +120,9 @@ max_batches_per_tick = 50
 lease_ttl_seconds = 10
 settle_seconds = 0
 soft_delete_column = "deleted_at"
-handler = "handlers.example:handle"
+handler = "{handler}"
 transport = "{transport}"
+{poller_toml}
 """
         )
         if target_url is None:

@@ -19,7 +19,7 @@ from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.support.azurite import Azurite
 from tests.support.ports import wait_until
-from worker.settlement import Settle, decide, settle_bus, settle_queue
+from worker.settlement import CRASH_MARGIN, Settle, decide, settle_bus, settle_queue
 
 
 @pytest.mark.parametrize(
@@ -36,6 +36,25 @@ from worker.settlement import Settle, decide, settle_bus, settle_queue
 )
 def test_decide(ok: bool, n_events: int, delivery_count: int, expected: Settle) -> None:
     assert decide(ok, n_events, delivery_count, split_after=2) is expected
+
+
+@pytest.mark.parametrize(
+    ("delivery_count", "split_after", "max_deliveries", "expected"),
+    [
+        (1, 2, 3, Settle.SPLIT),  # two crashes after a retry would dead-letter the batch whole
+        (1, 2, 4, Settle.RAISE),  # three deliveries left: room for a crash and the split
+        (1, 5, 10, Settle.RAISE),
+        (7, 5, 10, Settle.SPLIT),
+        (7, 9, 10, Settle.RAISE),  # split_after alone would wait for the ninth delivery ...
+        (8, 9, 10, Settle.SPLIT),  # ... but fewer than CRASH_MARGIN are left after the eighth
+    ],
+)
+def test_a_failing_batch_close_to_max_delivery_count_is_split_at_once(
+    delivery_count: int, split_after: int, max_deliveries: int, expected: Settle
+) -> None:
+    assert CRASH_MARGIN == 3  # the table is written for it
+    assert decide(False, 5, delivery_count, split_after, max_deliveries) is expected
+    assert decide(False, 1, delivery_count, split_after, max_deliveries) is Settle.RAISE
 
 
 # ---- Service Bus: complete on success, abandon on failure --------------------------------------
