@@ -28,7 +28,7 @@ from shared.errors import ConfigError, DbFanoutError, OversizeRowError
 from shared.messages import pack_batch
 from worker.handlers import load_handler
 
-__all__ = ["Check", "schedule_interval_seconds", "validate_poller"]
+__all__ = ["Check", "max_delivery_check", "schedule_interval_seconds", "validate_poller"]
 
 Status = Literal["ok", "warn", "fail", "skip"]
 SAMPLE_ROWS = 200
@@ -203,14 +203,7 @@ def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]
     else:
         yield Check(p, "duplicate detection", "ok", f"on, window {window:.0f}s >= {need:.0f}s")
     mdc = q.max_delivery_count or 0
-    status: Status = "ok" if mdc > cfg.split_after_deliveries else "fail"
-    yield Check(
-        p,
-        "max delivery count",
-        status,
-        f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries} must "
-        "be lower, so a failing batch is split before it is dead-lettered)",
-    )
+    yield max_delivery_check(cfg, mdc)
     lock = _seconds(q.lock_duration)
     yield Check(
         p,
@@ -269,3 +262,25 @@ def validate_poller(
         detail = f"{cfg.queue} does not exist" if exists is False else f"{cfg.queue}: cannot check ({exists})"
         checks.append(Check(name, "queue", "fail", detail))
     return checks
+
+
+def max_delivery_check(cfg: PollerConfig, mdc: int) -> Check:
+    """The queue's MaxDeliveryCount against the poller: above split_after_deliveries, and known to it."""
+    if mdc <= cfg.split_after_deliveries:
+        return Check(
+            cfg.name,
+            "max delivery count",
+            "fail",
+            f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries} must "
+            "be lower, so a failing batch is split before it is dead-lettered)",
+        )
+    if mdc != cfg.deliveries:
+        # the worker cannot read it on Azure (no Manage right): it relies on the config's value
+        return Check(
+            cfg.name,
+            "max delivery count",
+            "warn",
+            f"{mdc}, but the poller assumes {cfg.deliveries}: set max_delivery_count = {mdc}, or crashes "
+            "may dead-letter a failing batch whole before the worker splits it",
+        )
+    return Check(cfg.name, "max delivery count", "ok", f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries})")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
 
-from dbfanout.ops.validation import needed_window_seconds, schedule_interval_seconds
+from dbfanout.ops.validation import max_delivery_check, needed_window_seconds, schedule_interval_seconds
 from poller.source import SqlSource
 from shared.config import PollerConfig
 from tests.cli.conftest import said
@@ -167,3 +168,12 @@ def test_status_shows_a_live_lease_and_fails_on_a_fingerprint_mismatch(workspace
     )
     mismatch = workspace.run("status", "--json")
     assert mismatch.exit_code == 1 and json.loads(mismatch.stdout)[0]["fingerprint_match"] is False
+
+
+def test_validate_tells_a_poller_whose_max_delivery_count_differs_from_its_queue() -> None:
+    poller = PollerConfig(name="orders", source_url="sqlite://", cursor="version", pk=("id",), queue="q")
+    assert max_delivery_check(poller, 10).status == "ok"
+    assert max_delivery_check(poller, 2).status == "fail"  # split_after_deliveries (2) would never split
+    check = max_delivery_check(poller, 3)
+    assert check.status == "warn" and "set max_delivery_count = 3" in check.detail
+    assert max_delivery_check(replace(poller, max_delivery_count=3), 3).status == "ok"
