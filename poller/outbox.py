@@ -141,6 +141,32 @@ class OutboxSource:
             "fingerprint": self._fingerprint,
         }
 
+    def create_missing(self) -> list[str]:
+        """``dbfanout validate --fix``: create the outbox table, or its index, when missing.
+
+        Never at tick time: the table is the application's. Returns what was created.
+        """
+        schema, _, name = str(self._config.table).rpartition(".")
+        table, index = outbox_ddl(self._dialect, str(self._config.table))
+        created = index.split(" ON ")[0].removeprefix("CREATE ")
+        with self._db_errors("create"), self._engine.begin() as conn:
+            inspector = sa.inspect(conn)
+            if not inspector.has_table(name, schema=schema or None):
+                conn.exec_driver_sql(table)
+                conn.exec_driver_sql(index)
+                return [f"table {self._config.table}", created]
+            if self._has_read_index(inspector):
+                return []
+            conn.exec_driver_sql(index)
+            return [created]
+
+    def _has_read_index(self, inspector: Any) -> bool:
+        """An index leads with the read's columns: (txid, id) on PostgreSQL, created_at elsewhere."""
+        schema, _, name = str(self._config.table).rpartition(".")
+        wanted = ["txid", "id"] if self._horizon else ["created_at"]
+        indexes = inspector.get_indexes(name, schema=schema or None)
+        return any(list(ix["column_names"])[: len(wanted)] == wanted for ix in indexes)
+
     def index_warning(self) -> str | None:
         return self._keyset().index_warning()
 
@@ -233,12 +259,9 @@ class OutboxSource:
 
     def _index_gap(self, conn: sa.Connection) -> str | None:
         """The settle window's ``created_at`` index (the keyset's own index is checked underneath)."""
-        if self._horizon:
+        if self._horizon or self._has_read_index(sa.inspect(conn)):
             return None
-        schema, _, name = str(self._config.table).rpartition(".")
-        indexes = sa.inspect(conn).get_indexes(name, schema=schema or None)
-        if any(list(ix["column_names"])[:1] == ["created_at"] for ix in indexes):
-            return None
+        name = str(self._config.table).rpartition(".")[2]
         return (
             f"no index on {self._config.table} starts with created_at: every page's settle check scans the table; "
             f"create one: CREATE INDEX ix_{name}_created ON {self._config.table} (created_at)"

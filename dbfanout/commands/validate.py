@@ -35,7 +35,12 @@ def validate_command(
     json_out: JsonOption = False,
     config: ConfigOption = None,
     fix: Annotated[
-        bool, typer.Option("--fix", help='Create what a kind = "pg_logical" poller needs: publication, then slot')
+        bool,
+        typer.Option(
+            "--fix",
+            help='Create what a poller needs: kind = "pg_logical" its publication, then slot; kind = "outbox" '
+            "its table or index",
+        ),
     ] = False,
 ) -> None:
     """Check that every poller can run safely. Exit 1 when a check fails (warnings do not fail)."""

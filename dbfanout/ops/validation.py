@@ -21,6 +21,7 @@ from azure.servicebus import ServiceBusClient
 from dbfanout.ops.bus import is_emulator, queue_exists
 from dbfanout.ops.context import open_store
 from poller.events import to_batch
+from poller.outbox import OutboxSource
 from poller.pg_logical import PgLogicalSource
 from poller.sources import open_source
 from shared.config import Config, PollerConfig
@@ -79,6 +80,7 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
         yield Check(p, "source", "fail", _msg(exc))
         return
     source = open_source(cfg)
+    yield from _outbox_fix(source, p, fix)
     if isinstance(source, PgLogicalSource):
         from dbfanout.ops.slot_checks import slot_checks  # imports Check from here
 
@@ -130,6 +132,19 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
         except OversizeRowError as exc:
             status = "fail" if cfg.oversize_policy == "error" else "warn"
             yield Check(p, "message size", status, f"{exc} (oversize_policy = {cfg.oversize_policy!r})")
+
+
+def _outbox_fix(source: object, poller: str, fix: bool) -> Iterator[Check]:
+    """``--fix`` for an outbox poller: create its table or index when missing (then checked as usual)."""
+    if not fix or not isinstance(source, OutboxSource):
+        return
+    try:
+        created = source.create_missing()
+    except Exception as exc:
+        yield Check(poller, "fix", "fail", _msg(exc))
+        return
+    if created:
+        yield Check(poller, "fix", "ok", f"created {', '.join(created)}")
 
 
 def _outbox_checks(cfg: PollerConfig, info: dict[str, Any]) -> Iterator[Check]:

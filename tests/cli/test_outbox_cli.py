@@ -80,3 +80,21 @@ def test_checkpoint_reset_replays_the_outbox_from_a_position(outbox: Workspace) 
     replayed = [e for b in outbox.drain("changes").accepted for e in b.events]
     assert [e.cursor for e in replayed] == [3, 4, 5]
     assert [e.event_id for e in replayed] == [e.event_id for b in first.accepted for e in b.events][2:]
+
+
+def test_validate_fix_creates_a_missing_outbox_table_or_index(workspace: Workspace) -> None:
+    workspace.config_path.write_text(workspace.config_path.read_text() + OUTBOX.format(queue=workspace.queue))
+    result = workspace.run("validate", "changes", "--fix", "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    checks = _checks(result)
+    assert "table dbfanout_outbox" in checks["fix"]["detail"] and checks["source"]["status"] == "ok"
+    assert checks["index"]["status"] == "ok"
+    # When only the index is missing, --fix creates it; a second run has nothing to do
+    with workspace.source.engine.begin() as conn:
+        conn.execute(sa.text("DROP INDEX ix_dbfanout_outbox_created"))
+    assert (
+        "INDEX ix_dbfanout_outbox_created"
+        in _checks(workspace.run("validate", "changes", "--fix", "--json"))["fix"]["detail"]
+    )
+    again = _checks(workspace.run("validate", "changes", "--fix", "--json"))
+    assert "fix" not in again and again["index"]["status"] == "ok"

@@ -21,6 +21,7 @@ from shared.models import Checkpoint
 from shared.outbox import write_change
 from tests.poller.outbox_support import Outbox, changes, outbox_poller, tick_until_caught_up
 from tests.poller.tick_support import RecordingSink
+from tests.support.databases import unique_name
 
 
 @pytest.fixture
@@ -187,3 +188,17 @@ def test_describe_names_a_missing_index_of_the_outbox_read(outbox: Outbox) -> No
         conn.exec_driver_sql(f"DROP INDEX {index}{on_table}")
     warning = OutboxSource(poller).describe()["index_warning"]
     assert warning is not None and ("txid, id" if horizon else "created_at") in warning
+
+
+def test_create_missing_makes_the_table_and_index_once(any_db_url: str) -> None:
+    name = unique_name("outbox")
+    source = OutboxSource(outbox_poller(any_db_url, name))
+    try:
+        assert source.create_missing()[0] == f"table {name}"
+        assert source.create_missing() == []
+        assert source.describe()["index_warning"] is None and len(source.fetch(None, 10)) == 0
+    finally:
+        engine = sa.create_engine(any_db_url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        engine.dispose()
