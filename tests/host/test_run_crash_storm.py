@@ -101,6 +101,8 @@ def test_only_poison_rows_reach_the_dlq_when_crashes_use_up_deliveries(
         dead_rows = _dead_rows(servicebus, queue)
         assert sorted(dead_rows) == sorted([i] for i in POISON), dead_rows
         assert set(target.rows()) == healthy
+        # (the graceful stop needs the last host past start-up: its SIGTERM handler installed)
+        wait_for(host.started, 60, "the last host to start")
         assert host.terminate() == 0, host.log_tail()
         print(f"kills={kills} starts={host.starts} rows={ROWS} dead={dead_rows}")
     finally:
