@@ -66,6 +66,7 @@ def _data(**changes: object) -> dict[str, object]:
         ({"query": "SELECT 1"}, "pollers.orders.table"),
         ({"bogus": 1}, "pollers.orders.bogus"),
         ({"null_cursor": "ignore"}, "pollers.orders.null_cursor"),
+        ({"max_delivery_count": -1}, "pollers.orders.max_delivery_count"),
     ],
 )
 def test_each_bad_value_names_its_key(changes: dict[str, object], key: str) -> None:
@@ -126,3 +127,11 @@ def test_an_outbox_read_by_two_pollers_may_not_be_pruned_by_one() -> None:
     assert info.value.key == "pollers.changes.outbox_retention_seconds"
     pollers["changes"].pop("outbox_retention_seconds")
     assert len(parse_config({"app": {"name": "shop"}, "pollers": pollers}, {}).pollers) == 2
+
+
+def test_max_delivery_count_defaults_to_the_transports_own() -> None:
+    settings = {"ORDERS_DB_URL": "sqlite://"}
+    assert parse_config(_data(), settings).poller("orders").deliveries == 10  # Service Bus
+    queue = parse_config(_data(transport="storage-queue"), settings).poller("orders")
+    assert queue.deliveries == 5  # host.json maxDequeueCount
+    assert parse_config(_data(max_delivery_count=3), settings).poller("orders").deliveries == 3
