@@ -51,9 +51,9 @@ PIP_DOWNLOAD = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":
 # These receive with `for msg in receiver:` and no max_wait_time: they run until interrupted, on
 # the real service too. They pass when still running, without a traceback, after this many seconds.
 RUN_UNTIL_INTERRUPTED = {"receive_iterator_queue": 15.0, "failure_and_recovery": 15.0}
-# These sleep 2 x 100 s on purpose (locks renewed while "processing"): they need a longer timeout;
-# --quick skips them (tests/emulator/test_fidelity.py covers AutoLockRenewer in seconds).
-SLOW = {"auto_lock_renew": 360.0}
+# These sleep 200 s (sync) and 480 s (async) on purpose, locks renewed while "processing": they
+# need a longer timeout; --quick skips them (tests/emulator/test_fidelity.py covers the renewer).
+SLOW = {"auto_lock_renew": 660.0}
 SAS_POLICY, SAS_KEY = "RootManageSharedAccessKey", "SAS_KEY_VALUE"
 
 
