@@ -88,7 +88,16 @@ class Worker:
             batch_id=batch.batch_id,
             application_properties=dict(delivery.application_properties),
         )
-        handler = self.handler_for(batch.poller)
+        try:
+            handler = self.handler_for(batch.poller)
+        except (ConfigError, EnvelopeError):
+            log.error(
+                "no handler for this message; it will reach the dead-letter queue",
+                extra=ids(poller=batch.poller, batch_id=batch.batch_id, message_id=delivery.message_id),
+                exc_info=True,
+            )
+            metrics.failures.add(1, {"stage": "handler-load", "poller": batch.poller})
+            raise
         started = time.perf_counter()
         try:
             # Claim-check references are resolved here, inside the failure path: a missing claim

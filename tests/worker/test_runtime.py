@@ -148,3 +148,11 @@ def test_a_missing_claim_fails_the_message_with_a_clear_error_and_splits_it(cont
     ((_, singles),) = sent.messages
     assert event_ids(singles) == [("ev-0",), ("ev-1",), ("ev-2",)]
     assert is_claim(decode_batch(singles[2].body).events[0])
+
+
+def test_a_message_for_an_unknown_poller_fails_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    stranger = replace(batch(2), poller="invoices")
+    with caplog.at_level(logging.ERROR, "dbfanout"), pytest.raises(EnvelopeError, match="invoices"):
+        make_worker(Handler()).process(delivery(stranger, message_id="m-x"))
+    (record,) = caplog.records
+    assert record.message_id == "m-x" and record.exc_info is not None  # type: ignore[attr-defined]
