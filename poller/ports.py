@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from shared.models import Batch, Checkpoint, CursorValue, Position, StateDoc
 
-__all__ = ["EventFields", "Page", "Sink", "Snapshot", "Source", "SourceRow", "StateStore"]
+__all__ = ["EventFields", "KeysetColumns", "Page", "Sink", "Snapshot", "Source", "SourceRow", "StateStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +92,40 @@ class SourceRow:
         return self.position.cursor
 
 
+@dataclass(frozen=True, slots=True)
+class KeysetColumns:
+    """How a keyset source's fetched tuples become rows, so a sink can encode a page column-wise.
+
+    ``make_row`` of the same page must agree with it: values are the result columns except
+    ``raw_cursor``; the cursor column's value is ``convert(raw)[1]`` when ``convert`` is set.
+    """
+
+    keys: tuple[str, ...]  # the result's columns, in tuple order
+    cursor: str
+    pk: tuple[str, ...]
+    raw_cursor: str | None = None  # a result column carrying the compared cursor (not a value)
+    convert: Callable[[Any], tuple[Any, Any]] | None = None  # raw cursor -> (position, event value)
+    soft_delete: str | None = None
+
+    def row_builder(self) -> Callable[[Any], SourceRow]:
+        """The builder of one :class:`SourceRow` from one fetched tuple."""
+        keys, cursor, pk_names, raw_cursor = self.keys, self.cursor, self.pk, self.raw_cursor
+        convert, soft = self.convert, self.soft_delete
+
+        def make_row(tup: Any) -> SourceRow:
+            values = dict(zip(keys, tup))  # noqa: B905 - keys come from this very result
+            raw = values.pop(raw_cursor) if raw_cursor is not None else values[cursor]
+            if convert is not None:
+                raw, values[cursor] = convert(raw)
+            deleted = False
+            if soft is not None:
+                flag = values[soft]
+                deleted = flag is not None and flag is not False and flag != 0
+            return SourceRow(Position(raw, {p: values[p] for p in pk_names}), values, deleted)
+
+        return make_row
+
+
 class Page:
     """One keyset page, in ``(cursor, pk)`` order. Empty means caught up.
 
@@ -100,7 +134,7 @@ class Page:
     once, on first access, by whoever reads them (the sink).
     """
 
-    __slots__ = ("_last_row", "_make_row", "_rows", "_tuples", "skipped_null_cursors")
+    __slots__ = ("_last_row", "_make_row", "_rows", "_tuples", "columns", "skipped_null_cursors")
 
     def __init__(
         self,
@@ -108,6 +142,7 @@ class Page:
         *,
         tuples: Sequence[Any] | None = None,
         make_row: Callable[[Any], SourceRow] | None = None,
+        columns: KeysetColumns | None = None,
         skipped_null_cursors: int = 0,
     ) -> None:
         if (rows is None) == (tuples is None) or (tuples is not None and make_row is None):
@@ -116,6 +151,8 @@ class Page:
         self._tuples = tuples
         self._make_row = make_row
         self._last_row: SourceRow | None = None
+        # With tuples: how they map to rows, for a sink that encodes the page without building rows.
+        self.columns = columns if tuples is not None else None
         self.skipped_null_cursors = skipped_null_cursors
 
     def __len__(self) -> int:
@@ -130,6 +167,11 @@ class Page:
             assert self._tuples is not None and self._make_row is not None
             self._rows = list(map(self._make_row, self._tuples))
         return self._rows
+
+    @property
+    def tuples(self) -> Sequence[Any] | None:
+        """The fetched tuples when the page was handed over as tuples (see ``columns``)."""
+        return self._tuples
 
     @property
     def first_row(self) -> SourceRow | None:

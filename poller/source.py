@@ -45,7 +45,7 @@ from poller.keyset import (
     sqlite_declared_kind,
 )
 from poller.late_commits import mysql_timezone_probe, settle_predicate, xid_horizon
-from poller.ports import Page, SourceRow
+from poller.ports import KeysetColumns, Page, SourceRow
 from shared.config import PollerConfig
 from shared.errors import ConfigError, CursorError
 from shared.ids import source_fingerprint
@@ -159,9 +159,11 @@ class SqlSource:
     def _fetch(self, conn: sa.Connection, after: Position | None, limit: int) -> Page:
         resolved = self._resolve(conn)
         plan = self._plan or self._make_plan(conn, resolved)
-        tuples, make_row = self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row)
+        tuples, make_row, columns = (
+            self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row, None)
+        )
         self._check_nulls(conn, resolved, short=len(tuples) < limit)
-        return Page(tuples=tuples, make_row=make_row, skipped_null_cursors=self._null_count)
+        return Page(tuples=tuples, make_row=make_row, columns=columns, skipped_null_cursors=self._null_count)
 
     def acknowledge(self, checkpoint: Checkpoint) -> None:
         """Nothing to do: a table or query keeps no log to trim."""
@@ -357,8 +359,8 @@ class SqlSource:
 
     def _rows(
         self, conn: sa.Connection, r: _Resolved, plan: _Plan, after: Position | None, limit: int
-    ) -> tuple[Sequence[Any], Callable[[Any], SourceRow]]:
-        """Run the page's SELECT; return its tuples and the builder of one :class:`SourceRow`.
+    ) -> tuple[Sequence[Any], Callable[[Any], SourceRow], KeysetColumns | None]:
+        """Run the page's SELECT; return its tuples, the builder of one :class:`SourceRow` and their columns.
 
         Rows are built lazily (see :class:`~poller.ports.Page`): catching up costs one query and
         one ``fetchall`` per page, plus the last row's position.
@@ -370,25 +372,16 @@ class SqlSource:
             result = conn.execute(plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)})
         keys = list(result.keys())
         tuples = result.all()  # one fetchall: per-row fetchone costs as much as the query
-        cursor, pk_names, soft, raw_extra = cfg.cursor, cfg.pk, cfg.soft_delete_column, r.raw_extra
+        raw_extra = r.raw_extra
         # The event carries the typed value; the position keeps what the database compares.
-        convert = plan.kind.converter(cursor) if plan.kind.kind in ("naive", "text_datetime", "text_date") else None
-
-        def make_row(tup: Any) -> SourceRow:
-            values = dict(zip(keys, tup))  # noqa: B905 - keys come from this very result
-            raw = values.pop(_RAW_CURSOR) if raw_extra else values[cursor]
-            if convert is not None:
-                raw, values[cursor] = convert(raw)
-            deleted = False
-            if soft is not None:
-                flag = values[soft]
-                deleted = flag is not None and flag is not False and flag != 0
-            return SourceRow(Position(raw, {p: values[p] for p in pk_names}), values, deleted)
-
+        convert = plan.kind.converter(cfg.cursor) if plan.kind.kind in ("naive", "text_datetime", "text_date") else None
+        columns = KeysetColumns(
+            tuple(keys), cfg.cursor, cfg.pk, _RAW_CURSOR if raw_extra else None, convert, cfg.soft_delete_column
+        )
         if plan.kind.kind == "text_datetime" and tuples:
-            at = keys.index(_RAW_CURSOR if raw_extra else cursor)
+            at = keys.index(_RAW_CURSOR if raw_extra else cfg.cursor)
             self._check_text_format((tuples[0][at], tuples[len(tuples) // 2][at], tuples[-1][at]), plan.kind.sep)
-        return tuples, make_row
+        return tuples, columns.row_builder(), columns
 
     def _check_text_format(self, raws: Iterable[Any], sep: str) -> None:
         """Sampled (first, middle, last of each page): a mixed format shows up within a few pages."""

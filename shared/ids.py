@@ -57,6 +57,15 @@ class EventIds:
         h.update(_canonical_bytes(pk, cursor))
         return "ev-" + h.hexdigest()[:40]
 
+    def many(self, pks: Iterable[Mapping[str, Any]], cursors: Iterable[CursorValue]) -> list[str]:
+        """The ids of a page's rows (same as calling this once per row, without the per-call overhead)."""
+        prefix, ids = self._prefix, []
+        for pk, cursor in zip(pks, cursors, strict=True):
+            h = prefix.copy()
+            h.update(_canonical_bytes(pk, cursor))
+            ids.append("ev-" + h.hexdigest()[:40])
+        return ids
+
 
 def event_id_for(poller: str, fingerprint: str, pk: Mapping[str, Any], cursor: CursorValue) -> str:
     """Stable id of one row state: the same row at the same cursor always gets the same id."""

@@ -6,8 +6,9 @@ failing message, so both build messages exactly the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from shared.codec import dumps, encode_event
 from shared.errors import OversizeRowError
@@ -20,6 +21,7 @@ __all__ = [
     "PROP_POLLER",
     "PROP_SCHEMA",
     "OutgoingMessage",
+    "PreEncoded",
     "pack_batch",
     "session_key",
 ]
@@ -61,21 +63,35 @@ def _header(batch: Batch) -> bytes:
     return head[:-2]  # strip the closing "]}"
 
 
-def _message(batch: Batch, head: bytes, encoded: list[bytes], events: list[RowChange]) -> OutgoingMessage:
+def _message(batch: Batch, head: bytes, encoded: list[bytes], event_ids: list[str]) -> OutgoingMessage:
     body = head + b",".join(encoded) + b"]}"
-    event_ids = tuple(e.event_id for e in events)
     return OutgoingMessage(
         message_id=idempotency_key(batch.poller, batch.source_fingerprint, event_ids),
         body=body,
         subject=batch.poller,
-        event_ids=event_ids,
+        event_ids=tuple(event_ids),
         application_properties={
             PROP_SCHEMA: BATCH_SCHEMA,
             PROP_POLLER: batch.poller,
-            PROP_EVENT_COUNT: len(events),
+            PROP_EVENT_COUNT: len(event_ids),
             PROP_BATCH_ID: batch.batch_id,
         },
     )
+
+
+@runtime_checkable
+class PreEncoded(Protocol):
+    """Events that can hand over their ids and encoded JSON without being built (the poller's pages)."""
+
+    def encoded(self) -> list[tuple[str, bytes]] | None: ...
+
+
+def _encoded_events(events: Sequence[RowChange]) -> list[tuple[str, bytes]]:
+    """Each event's id and ``dumps(encode_event(event))``: straight from the page when it can."""
+    pre = events.encoded() if isinstance(events, PreEncoded) else None
+    if pre is not None:
+        return pre
+    return [(e.event_id, dumps(encode_event(e))) for e in events]
 
 
 def pack_batch(
@@ -95,27 +111,27 @@ def pack_batch(
     head = _header(batch)
     messages: list[OutgoingMessage] = []
     encoded: list[bytes] = []
-    events: list[RowChange] = []
+    event_ids: list[str] = []
     size = len(head) + 2
-    for event in batch.events:
-        raw = dumps(encode_event(event))
+    for index, (event_id, raw) in enumerate(_encoded_events(batch.events)):
         if len(head) + len(raw) + 2 > budget:
+            event = batch.events[index]
             if oversize is None:
                 raise OversizeRowError(
                     f"poller {batch.poller}: row {dict(event.pk)} encodes to {len(raw)} bytes, more than the "
                     f"{max_message_bytes}-byte message limit"
                 )
             event = oversize(event, len(raw))
-            raw = dumps(encode_event(event))
-        full = events and (size + len(raw) + 1 > budget or (max_events is not None and len(events) >= max_events))
+            event_id, raw = event.event_id, dumps(encode_event(event))
+        full = event_ids and (size + len(raw) + 1 > budget or (max_events is not None and len(event_ids) >= max_events))
         if full:
-            messages.append(_message(batch, head, encoded, events))
-            encoded, events, size = [], [], len(head) + 2
+            messages.append(_message(batch, head, encoded, event_ids))
+            encoded, event_ids, size = [], [], len(head) + 2
         encoded.append(raw)
-        events.append(event)
+        event_ids.append(event_id)
         size += len(raw) + 1
-    if events:
-        messages.append(_message(batch, head, encoded, events))
+    if event_ids:
+        messages.append(_message(batch, head, encoded, event_ids))
     return messages
 
 

@@ -1,0 +1,207 @@
+"""The column-wise page encoding is byte for byte the event-by-event one.
+
+A keyset page is packed straight from its fetched tuples (:func:`poller.events.encode_page`):
+the message bodies, message ids and event ids must be exactly those of building every
+``RowChange`` and encoding it with ``encode_event`` (the wire format and ids are a contract).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from poller.events import LazyEvents, encode_page, page_batch, to_event
+from poller.ports import KeysetColumns, Page
+from poller.source import SqlSource
+from shared.codec import dumps, encode_event
+from shared.ids import EventIds
+from shared.messages import OutgoingMessage, pack_batch
+from tests.poller.tick_support import make_poller
+from tests.support.databases import PG_URL, unique_name, unreachable_reason
+
+POLLER = make_poller("sqlite://", cursor="c", pk=("id",))
+ZONES = [dt.UTC, dt.timezone(dt.timedelta(hours=5, minutes=30)), ZoneInfo("America/New_York")]
+
+SCALARS = [
+    st.none(),
+    st.booleans(),
+    st.integers(),  # beyond 2**53 (a string with a tag) and beyond 64 bits (the ids' fallback)
+    st.sampled_from([2**53 - 1, 2**53, 1 - 2**53, -(2**53), 2**64, -(2**63) - 1]),  # the edges
+    st.floats(),  # NaN and infinities travel tagged
+    st.text(max_size=6),  # unicode, surrogates excluded by hypothesis' default alphabet
+    st.decimals(places=3, allow_nan=False),
+    st.decimals(),
+    st.datetimes(timezones=st.sampled_from(ZONES)),
+    st.datetimes(),
+    st.dates(),
+    st.times(),
+    st.uuids(),
+    st.binary(max_size=4),
+    st.timedeltas(),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+]
+scalar = st.one_of(*SCALARS)
+
+
+@st.composite
+def columns(draw: st.DrawFn) -> list[list[Any]]:
+    """Columns of one type (the fast paths), nullable ones, and mixed ones."""
+    rows = draw(st.integers(1, 8))
+    out = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["one", "nullable", "mixed"]))
+        value = draw(st.sampled_from(SCALARS))
+        if kind == "mixed":
+            value = scalar
+        elif kind == "nullable":
+            value = st.one_of(st.none(), value)
+        out.append(draw(st.lists(value, min_size=rows, max_size=rows)))
+    return out
+
+
+def _expected(keyset: KeysetColumns, tuples: list[tuple[Any, ...]]) -> list[tuple[str, bytes]]:
+    ids = EventIds(POLLER.name, "fp")
+    events = [to_event(POLLER, "fp", row, ids) for row in map(keyset.row_builder(), tuples)]
+    return [(e.event_id, dumps(encode_event(e))) for e in events]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=columns(),
+    cursor=st.lists(
+        st.one_of(st.integers(), st.datetimes(timezones=st.sampled_from(ZONES)), st.text(max_size=4)),
+        min_size=8,
+        max_size=8,
+    ),
+    ids=st.lists(
+        st.one_of(st.integers(), st.uuids(), st.text(max_size=4), st.decimals(allow_nan=False)), min_size=8, max_size=8
+    ),
+    soft=st.lists(
+        st.one_of(st.none(), st.booleans(), st.integers(0, 2), st.just(dt.datetime(2026, 1, 1))), min_size=8, max_size=8
+    ),
+    raw_cursor=st.booleans(),
+    typed=st.sampled_from([lambda v: {"typed": v}, lambda v: ("typed", v)]),
+    with_soft=st.booleans(),
+)
+def test_a_page_encodes_to_the_same_events_as_building_them(
+    data, cursor, ids, soft, raw_cursor, typed, with_soft
+) -> None:
+    rows = len(data[0])
+    names = [f"col_{i}" for i in range(len(data))]
+    keys = ["id", "c", *names, *(["deleted_at"] if with_soft else []), *(["raw"] if raw_cursor else [])]
+    table = [
+        ids[:rows],
+        cursor[:rows],
+        *data,
+        *([soft[:rows]] if with_soft else []),
+        *([cursor[:rows]] if raw_cursor else []),
+    ]
+    tuples = list(zip(*table, strict=True))
+    keyset = KeysetColumns(
+        tuple(keys),
+        "c",
+        ("id",),
+        "raw" if raw_cursor else None,
+        (lambda v: (v, typed(v))) if raw_cursor else None,  # a converter: position raw, event typed
+        "deleted_at" if with_soft else None,
+    )
+    fast = _outcome(lambda: encode_page(EventIds(POLLER.name, "fp"), keyset, tuples))
+    if fast is None:  # no shortcut: only for a composite (tuple) event cursor, which encodes as a list of parts
+        assert raw_cursor and isinstance(typed(0), tuple)
+    else:
+        assert fast == _outcome(lambda: _expected(keyset, tuples))
+
+
+def _outcome(encode: Any) -> Any:
+    """What encoding gives, or the error it raises (both paths must refuse the same data)."""
+    try:
+        return encode()
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+def test_a_converted_cursor_missing_from_the_values_is_appended_last_like_the_row_builder() -> None:
+    keyset = KeysetColumns(
+        ("id", "v", "raw"), "c", ("id",), "raw", lambda v: (v, dt.datetime.fromisoformat(v + "+00:00"))
+    )
+    tuples = [(1, "é", "2026-01-01 10:00:00"), (2, None, "2026-01-01 10:00:01.5")]
+    assert encode_page(EventIds(POLLER.name, "fp"), keyset, tuples) == _expected(keyset, tuples)
+
+
+def _messages(poller: Any, source: SqlSource, page: Page, limit: int) -> list[OutgoingMessage]:
+    return pack_batch(page_batch(poller, source.fingerprint, page), limit)
+
+
+def _varied_table(url: str) -> tuple[str, sa.Engine]:
+    engine = sa.create_engine(url)
+    name = unique_name("enc")
+    md = sa.MetaData()
+    table = sa.Table(
+        name,
+        md,
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("amount", sa.Numeric(30, 4)),
+        sa.Column("big", sa.BigInteger()),
+        sa.Column("ref", sa.Uuid()),
+        sa.Column("note", sa.Text()),
+        sa.Column("ratio", sa.Float()),
+        sa.Column("day", sa.Date()),
+        sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    )
+    md.create_all(engine)
+    start = dt.datetime(2026, 3, 29, 0, 59, 59, 999_999, tzinfo=dt.UTC)
+    rows = [
+        {
+            "id": i,
+            "updated_at": start + dt.timedelta(microseconds=i // 3 * 250_001),  # ties across pages
+            "amount": None if i % 7 == 0 else Decimal(f"{i * 1.5:.4f}") * (-1 if i % 2 else 1),
+            "big": None if i % 5 == 0 else 2**62 + i if i % 3 else 2**53 + i,
+            "ref": None if i % 4 == 0 else uuid.UUID(int=i * 7919),
+            "note": None if i % 6 == 0 else f'é😀 {i} "quoted" \\ {"x" * (i % 40)}',
+            "ratio": None if i % 8 == 0 else i / 3,
+            "day": dt.date(2026, 1, 1) + dt.timedelta(days=i),
+            "deleted_at": start if i % 9 == 0 else None,  # soft deletes
+        }
+        for i in range(250)
+    ]
+    with engine.begin() as conn:
+        conn.execute(table.insert(), rows)
+    return name, engine
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def varied(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    url = f"sqlite:///{tmp_path / 'src.db'}" if request.param == "sqlite" else PG_URL
+    if request.param == "postgresql" and (reason := unreachable_reason(PG_URL)) is not None:
+        pytest.skip(reason)
+    name, engine = _varied_table(url)
+    yield make_poller(url, name, cursor="updated_at", soft_delete_column="deleted_at", cursor_timezone="UTC")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+    engine.dispose()
+
+
+@pytest.mark.parametrize("limit", [256 * 1024, 16 * 1024])  # one message a page, and several
+def test_a_fetched_page_packs_into_the_very_messages_of_the_event_by_event_path(varied: Any, limit: int) -> None:
+    source = SqlSource(varied)
+    after, pages = None, 0
+    while len(page := source.fetch(after, 100)):
+        assert page.columns is not None  # the shortcut applies to this source
+        batch = page_batch(varied, source.fingerprint, page)
+        fast = pack_batch(batch, limit)
+        assert isinstance(batch.events, LazyEvents) and "not built yet" in repr(batch.events)  # no events built
+        slow_page = Page(tuples=page.tuples, make_row=page.columns.row_builder())  # no columns: builds every event
+        assert fast == _messages(varied, source, slow_page, limit)  # bodies, message ids, event ids, properties
+        after, pages = page.last, pages + 1
+    assert pages == 3
