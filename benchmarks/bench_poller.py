@@ -4,24 +4,33 @@
     .venv/bin/python benchmarks/bench_poller.py --rows 1000000  # the "flat at 1M" check
 
 raw scan   : the poller's own keyset SELECT, paged with plain SQLAlchemy Core (fetchall), no framework
-poller     : run_tick() until caught up: fetch → batch → no-op sink → CAS commit on Azurite
-ratio      : poller rows/s ÷ raw rows/s, best against best (target ≥ 0.70 at batch 1000)
-median     : the median of each round's poller ÷ raw (the two ran back to back)
+packed     : THE HEADLINE. run_tick() until caught up with the real queue sink's packing (events,
+             envelope, event ids, message ids) and a sender that discards the messages; state on
+             Azurite (target ≥ 0.60 of raw at batch 1000, issue 14)
+median     : the median of each round's packed ÷ raw (the two ran back to back)
 writes/b   : state-blob writes per batch (target ≤ 2)
-memory     : the poller with the in-memory state store: the framework's own cost, without storage
-+events    : the poller (Azurite) with a sink that builds every event (ids, ops, values): the
-             per-row normalisation a real sink pays for, which a no-op sink never asks for
+no-op      : the same with a sink that never reads the events: a LOWER BOUND of the framework's
+             cost (lazy pages skip the per-row work every real sink does)
+memory     : the no-op sink with the in-memory state store: the framework's own cost, without storage
++events    : the poller (Azurite) with a sink that builds every event object, but encodes nothing
 
-Each figure is the best of --repeat rounds, the four measures interleaved in each round (the
-machine is shared; the best run is the least disturbed).
+Each figure is the best of --repeat rounds, the measures interleaved in each round (the machine is
+shared; the best run is the least disturbed).
 --depth sets max_uncommitted_batches (default: the configuration's default).
+
+--baseline DIR compares the packed poller of this checkout with the one of another checkout (e.g.
+``git worktree add /tmp/base <commit>``): both run in child processes with the same harness,
+interleaved with the raw scan in each round, and the paired medians of both are printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,8 +41,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# DBFANOUT_BENCH_CODE: measure another checkout's code with this harness (see --baseline).
+sys.path.insert(0, os.environ.get("DBFANOUT_BENCH_CODE") or str(Path(__file__).resolve().parents[1]))
 
+from poller.sink_queue import QueueSink
 from poller.source import (
     _RAW_CURSOR,
     SqlSource,
@@ -170,6 +181,28 @@ class BuildingSink(NoopSink):
         self.events += sum(1 for event in batch.events if event.event_id)
 
 
+class _Discard:
+    """A sender that accepts every message and drops it (no network in the measure)."""
+
+    def send_all(self, messages: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PackingSink(NoopSink):
+    """The real queue sink (events, envelope, event and message ids), its messages discarded."""
+
+    def __init__(self, cfg: PollerConfig) -> None:
+        super().__init__()
+        self._sink = QueueSink(cfg, _Discard(), limit=cfg.max_message_bytes)
+
+    def send(self, batch: Batch) -> None:
+        self._sink.send(batch)
+        self.events += len(batch.events)
+
+
 def poller_catch_up(
     cfg: PollerConfig, storage: str | None, sink_type: type[NoopSink] = NoopSink
 ) -> tuple[int, float, float]:
@@ -188,7 +221,7 @@ def poller_catch_up(
             return _original(*args, **kwargs)
 
         setattr(store, name, counted)
-    source, sink = SqlSource(cfg), sink_type()
+    source, sink = SqlSource(cfg), (PackingSink(cfg) if sink_type is PackingSink else sink_type())
     started = time.perf_counter()
     batches = 0
     while True:
@@ -201,13 +234,33 @@ def poller_catch_up(
     return sink.events, elapsed, writes["n"] / max(batches, 1)
 
 
-def best_rates(runs: int, measures: dict[str, Any]) -> tuple[dict[str, tuple[float, float]], float]:
+HERE = Path(__file__).resolve().parents[1]
+
+
+def packed_in_child(code: Path, cfg: PollerConfig, storage: str) -> tuple[int, float, float]:
+    """The packed catch-up run by ``code``'s modules in a child process (timed inside the child)."""
+    env = {**os.environ, "DBFANOUT_BENCH_CODE": str(code)}
+    args = [sys.executable, __file__, "--child", json.dumps([cfg.source_url, cfg.table, cfg.batch_size, cfg.name])]
+    out = subprocess.run([*args, "--storage", storage], env=env, check=True, capture_output=True, text=True)
+    rows, elapsed, per_batch = json.loads(out.stdout.splitlines()[-1])
+    return rows, elapsed, per_batch
+
+
+def child(spec: str, storage: str, depth: int) -> None:
+    url, table, batch, name = json.loads(spec)
+    cfg = replace(poller_config(url, table, batch), name=name, max_uncommitted_batches=depth)
+    SqlSource(cfg).fetch(None, 1)  # untimed warm-up: engine, reflection, first connection
+    print(json.dumps(poller_catch_up(cfg, storage, PackingSink)))
+
+
+def best_rates(runs: int, measures: dict[str, Any]) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     """Best rows/s of each measure over ``runs`` rounds, interleaved so that a disturbed period of a
-    shared machine hits every measure alike. Values: (rows/s, writes per batch of that run); also
-    the median over the rounds of the first two measures' ratio (each round's pair ran back to back)."""
+    shared machine hits every measure alike. Values: (rows/s, writes per batch of that run); also,
+    for every measure, the median over the rounds of its ratio to the first measure's (each round's
+    measures ran back to back)."""
     best: dict[str, tuple[float, float]] = {name: (0.0, 0.0) for name in measures}
-    first, second = list(measures)[:2]
-    ratios: list[float] = []
+    first = next(iter(measures))
+    ratios: dict[str, list[float]] = {name: [] for name in measures}
     for _ in range(runs):
         rates: dict[str, float] = {}
         for name, measure in measures.items():
@@ -215,8 +268,9 @@ def best_rates(runs: int, measures: dict[str, Any]) -> tuple[dict[str, tuple[flo
             rates[name] = rows / elapsed
             if rates[name] > best[name][0]:
                 best[name] = (rates[name], per_batch)
-        ratios.append(rates[second] / rates[first])
-    return best, statistics.median(ratios)
+        for name in measures:
+            ratios[name].append(rates[name] / rates[first])
+    return best, {name: statistics.median(values) for name, values in ratios.items()}
 
 
 def main() -> None:
@@ -226,7 +280,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--depth", type=int, default=DEPTH, help="max_uncommitted_batches")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--baseline", type=Path, help="another checkout: compare its packed poller with this one")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--storage", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child, args.storage, args.depth)
+        return
 
     azurite = start_azurite()
     tmp = Path(tempfile.mkdtemp(prefix="dbfanout-bench-"))
@@ -237,11 +297,17 @@ def main() -> None:
         f"rows={args.rows}  max_uncommitted_batches={args.depth}  best of {args.repeat}  "
         f"python={sys.version.split()[0]}  sqlalchemy={sa.__version__}"
     )
-    print(
-        f"{'database':<12} {'batch':>6} {'raw rows/s':>11} {'poller rows/s':>14} {'ratio':>6} {'median':>6}"
-        f" {'writes/b':>9}"
-        f" {'memory rows/s':>14} {'ratio':>6} {'+events rows/s':>15} {'ratio':>6}"
-    )
+    if args.baseline:
+        print(
+            f"{'database':<12} {'batch':>6} {'raw rows/s':>11} {'packed rows/s':>14} {'ratio':>6} {'median':>6}"
+            f" {'baseline rows/s':>16} {'ratio':>6} {'median':>6}   (baseline: {args.baseline})"
+        )
+    else:
+        print(
+            f"{'database':<12} {'batch':>6} {'raw rows/s':>11} {'packed rows/s':>14} {'ratio':>6} {'median':>6}"
+            f" {'writes/b':>9} {'no-op (lower bound)':>20} {'ratio':>6}"
+            f" {'memory rows/s':>14} {'ratio':>6} {'+events rows/s':>15} {'ratio':>6}"
+        )
     runs = iter(range(1_000_000))
     built_tables: list[tuple[str, str]] = []
     try:
@@ -259,19 +325,38 @@ def main() -> None:
                     return result
 
                 raw_scan(cfg)  # warm-up: caches and pools, untimed
-                best, median = best_rates(
+                if args.baseline:
+                    best, medians = best_rates(
+                        args.repeat,
+                        {
+                            "raw": lambda cfg=cfg: checked((*raw_scan(cfg), 0.0)),
+                            "packed": lambda: checked(packed_in_child(HERE, fresh(), azurite.connection_string)),
+                            "baseline": lambda: checked(
+                                packed_in_child(args.baseline, fresh(), azurite.connection_string)
+                            ),
+                        },
+                    )
+                    (raw, _), (packed, _), (base, _) = best.values()
+                    print(
+                        f"{label:<12} {batch:>6} {raw:>11,.0f} {packed:>14,.0f} {packed / raw:>6.2f}"
+                        f" {medians['packed']:>6.2f} {base:>16,.0f} {base / raw:>6.2f} {medians['baseline']:>6.2f}",
+                        flush=True,
+                    )
+                    continue
+                best, medians = best_rates(
                     args.repeat,
                     {
                         "raw": lambda cfg=cfg: checked((*raw_scan(cfg), 0.0)),
-                        "poller": lambda: checked(poller_catch_up(fresh(), azurite.connection_string)),
+                        "packed": lambda: checked(poller_catch_up(fresh(), azurite.connection_string, PackingSink)),
+                        "noop": lambda: checked(poller_catch_up(fresh(), azurite.connection_string)),
                         "memory": lambda: checked(poller_catch_up(fresh(), None)),
                         "built": lambda: checked(poller_catch_up(fresh(), azurite.connection_string, BuildingSink)),
                     },
                 )
-                (raw, _), (poll, per_batch), (mem, _), (built, _) = best.values()
+                (raw, _), (packed, per_batch), (noop, _), (mem, _), (built, _) = best.values()
                 print(
-                    f"{label:<12} {batch:>6} {raw:>11,.0f} {poll:>14,.0f} {poll / raw:>6.2f} {median:>6.2f}"
-                    f" {per_batch:>9.2f}"
+                    f"{label:<12} {batch:>6} {raw:>11,.0f} {packed:>14,.0f} {packed / raw:>6.2f}"
+                    f" {medians['packed']:>6.2f} {per_batch:>9.2f} {noop:>20,.0f} {noop / raw:>6.2f}"
                     f" {mem:>14,.0f} {mem / raw:>6.2f} {built:>15,.0f} {built / raw:>6.2f}",
                     flush=True,
                 )
