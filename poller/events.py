@@ -7,14 +7,13 @@ from itertools import repeat
 from typing import Any, overload
 
 from poller.ports import KeysetColumns, Page, SourceRow
-from shared.codec import dumps, encode_column
+from shared.codec import encode_column
 from shared.config import PollerConfig
 from shared.ids import EventIds, batch_id_for_range, event_id_for
+from shared.messages import EncodedEvents
 from shared.models import Batch, RowChange
 
 __all__ = ["LazyEvents", "encode_page", "page_batch", "to_batch", "to_event"]
-
-EncodedEvents = list[tuple[str, bytes]]
 
 
 def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventIds | None = None) -> RowChange:
@@ -61,8 +60,8 @@ class LazyEvents(Sequence[RowChange]):
         self._events: tuple[RowChange, ...] | None = None
 
     def encoded(self) -> EncodedEvents | None:
-        """Each event's id and encoded JSON (what ``dumps(encode_event(e))`` gives), made without
-        building the events; None when this batch has no such shortcut (then encode the events)."""
+        """Each event's id and its ``encode_event`` form, made without building the events; None
+        when this batch has no such shortcut (then encode the events)."""
         return self._encode() if self._encode is not None else None
 
     def _all(self) -> tuple[RowChange, ...]:
@@ -142,7 +141,7 @@ def page_batch(poller: PollerConfig, fingerprint: str, page: Page) -> Batch:
 def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) -> EncodedEvents | None:
     """A keyset page's events encoded column by column, without building rows or events.
 
-    Byte for byte what ``dumps(encode_event(to_event(...)))`` gives for each row of the page
+    Exactly what ``encode_event(to_event(...))`` gives for each row of the page
     (``tests/poller/test_page_encoding.py`` holds it to that); the values of a column are
     type-checked and converted in one pass, and each row is hashed once for its event id.
     None when the columns are not simple enough for this shortcut (duplicate names).
@@ -151,7 +150,7 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     if len(set(keys)) != len(keys):
         return None
     if not tuples:
-        return []
+        return [], []
     by_name: dict[str, Sequence[Any]] = dict(zip(keys, zip(*tuples, strict=True), strict=True))
     raw: Sequence[Any] = by_name.pop(columns.raw_cursor) if columns.raw_cursor is not None else by_name[cursor]
     if columns.convert is not None:  # the event carries the typed value (appended when not selected)
@@ -175,7 +174,7 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     after_tags = _row_tags(names, [encoded[n][1] for n in names], len(tuples))
     pk_tags = _row_tags(list(pk_names), [encoded[p][1] for p in pk_names], len(tuples))
     cursor_tag_of = cursor_tags if isinstance(cursor_tags, list) else repeat(cursor_tags)
-    out: EncodedEvents = []
+    docs: list[dict[str, Any]] = []
     for event_id, op, after, a_tags, p_tags, value, tag in zip(
         event_ids, ops, afters, after_tags, pk_tags, cursor_values, cursor_tag_of, strict=False
     ):
@@ -196,8 +195,8 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
             types["after"] = a_tags
         if types:
             event["types"] = types
-        out.append((event_id, dumps(event)))
-    return out
+        docs.append(event)
+    return event_ids, docs
 
 
 def _row_tags(names: list[str], tags: list[str | list[str | None] | None], count: int) -> Sequence[dict[str, str]]:

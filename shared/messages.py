@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from shared.codec import dumps, encode_event
 from shared.errors import OversizeRowError
@@ -79,19 +79,24 @@ def _message(batch: Batch, head: bytes, encoded: list[bytes], event_ids: list[st
     )
 
 
+EncodedEvents = tuple[list[str], list[dict[str, Any]]]
+
+
 @runtime_checkable
 class PreEncoded(Protocol):
-    """Events that can hand over their ids and encoded JSON without being built (the poller's pages)."""
+    """Events that hand over their ids and encoded forms without being built (the poller's pages)."""
 
-    def encoded(self) -> list[tuple[str, bytes]] | None: ...
+    def encoded(self) -> EncodedEvents | None:
+        """Every event's id and its ``encode_event`` form, in order; None when it cannot."""
+        ...
 
 
-def _encoded_events(events: Sequence[RowChange]) -> list[tuple[str, bytes]]:
-    """Each event's id and ``dumps(encode_event(event))``: straight from the page when it can."""
+def _encoded_events(events: Sequence[RowChange]) -> EncodedEvents:
+    """Each event's id and :func:`encode_event` form: straight from the page when it can."""
     pre = events.encoded() if isinstance(events, PreEncoded) else None
     if pre is not None:
         return pre
-    return [(e.event_id, dumps(encode_event(e))) for e in events]
+    return [e.event_id for e in events], [encode_event(e) for e in events]
 
 
 def pack_batch(
@@ -109,11 +114,22 @@ def pack_batch(
     """
     budget = max_message_bytes - PROPERTY_ALLOWANCE
     head = _header(batch)
+    event_ids, docs = _encoded_events(batch.events)
+    if not docs:
+        return []
+    if max_events is None:
+        # The common case, one message: one encoder call for the page. Its events joined by commas
+        # are exactly the ``[...]`` list's inside, and it fits exactly when the loop below would
+        # have packed every event into one message (size = head + 2 + each event and a comma).
+        whole = dumps(docs)
+        if len(head) + len(whole) + 1 <= budget:
+            return [_message(batch, head, [whole[1:-1]], event_ids)]
     messages: list[OutgoingMessage] = []
     encoded: list[bytes] = []
-    event_ids: list[str] = []
+    ids: list[str] = []
     size = len(head) + 2
-    for index, (event_id, raw) in enumerate(_encoded_events(batch.events)):
+    for index, (event_id, doc) in enumerate(zip(event_ids, docs, strict=True)):
+        raw = dumps(doc)
         if len(head) + len(raw) + 2 > budget:
             event = batch.events[index]
             if oversize is None:
@@ -123,15 +139,14 @@ def pack_batch(
                 )
             event = oversize(event, len(raw))
             event_id, raw = event.event_id, dumps(encode_event(event))
-        full = event_ids and (size + len(raw) + 1 > budget or (max_events is not None and len(event_ids) >= max_events))
-        if full:
-            messages.append(_message(batch, head, encoded, event_ids))
-            encoded, event_ids, size = [], [], len(head) + 2
+        if ids and (size + len(raw) + 1 > budget or (max_events is not None and len(ids) >= max_events)):
+            messages.append(_message(batch, head, encoded, ids))
+            encoded, ids, size = [], [], len(head) + 2
         encoded.append(raw)
-        event_ids.append(event_id)
+        ids.append(event_id)
         size += len(raw) + 1
-    if event_ids:
-        messages.append(_message(batch, head, encoded, event_ids))
+    if ids:
+        messages.append(_message(batch, head, encoded, ids))
     return messages
 
 

@@ -75,6 +75,12 @@ def _expected(keyset: KeysetColumns, tuples: list[tuple[Any, ...]]) -> list[tupl
     return [(e.event_id, dumps(encode_event(e))) for e in events]
 
 
+def _fast(keyset: KeysetColumns, tuples: list[tuple[Any, ...]]) -> list[tuple[str, bytes]] | None:
+    """encode_page's events as the wire carries them (each one's JSON bytes)."""
+    encoded = encode_page(EventIds(POLLER.name, "fp"), keyset, tuples)
+    return None if encoded is None else [(i, dumps(doc)) for i, doc in zip(*encoded, strict=True)]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     data=columns(),
@@ -115,7 +121,7 @@ def test_a_page_encodes_to_the_same_events_as_building_them(
         (lambda v: (v, typed(v))) if raw_cursor else None,  # a converter: position raw, event typed
         "deleted_at" if with_soft else None,
     )
-    fast = _outcome(lambda: encode_page(EventIds(POLLER.name, "fp"), keyset, tuples))
+    fast = _outcome(lambda: _fast(keyset, tuples))
     if fast is None:  # no shortcut: only for a composite (tuple) event cursor, which encodes as a list of parts
         assert raw_cursor and isinstance(typed(0), tuple)
     else:
@@ -135,7 +141,7 @@ def test_a_converted_cursor_missing_from_the_values_is_appended_last_like_the_ro
         ("id", "v", "raw"), "c", ("id",), "raw", lambda v: (v, dt.datetime.fromisoformat(v + "+00:00"))
     )
     tuples = [(1, "é", "2026-01-01 10:00:00"), (2, None, "2026-01-01 10:00:01.5")]
-    assert encode_page(EventIds(POLLER.name, "fp"), keyset, tuples) == _expected(keyset, tuples)
+    assert _fast(keyset, tuples) == _expected(keyset, tuples)
 
 
 def _messages(poller: Any, source: SqlSource, page: Page, limit: int) -> list[OutgoingMessage]:

@@ -32,6 +32,21 @@ def test_packing_keeps_every_event_in_order_under_the_limit(sizes: list[int]) ->
     assert len({m.message_id for m in messages}) == len(messages)
 
 
+@settings(max_examples=50, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=20), slack=st.integers(-3, 3))
+def test_a_batch_that_just_fits_or_just_does_not_packs_as_event_by_event(sizes: list[int], slack: int) -> None:
+    # A page that fits is encoded in one call; it must be exactly where event-by-event packing
+    # (forced here by max_events) puts the limit, byte for byte, one byte either side.
+    batch = _batch(sizes)
+    (whole,) = pack_batch(batch, 1024 * 1024)
+    limit = len(whole.body) + PROPERTY_ALLOWANCE + slack
+    if limit - PROPERTY_ALLOWANCE < max(len(m.body) for m in pack_batch(batch, limit * 4, max_events=1)):
+        return  # a single event would not fit: the oversize path, tested below
+    assert pack_batch(batch, limit) == pack_batch(batch, limit, max_events=len(sizes) + 1)
+    # (the packer counts a comma after every event, the last one included: one byte of margin)
+    assert len(pack_batch(batch, limit)) == (1 if slack >= 1 or len(sizes) == 1 else 2)
+
+
 def test_oversize_row_names_poller_and_pk() -> None:
     with pytest.raises(OversizeRowError, match=r"poller orders: row \{'id': 1\}"):
         pack_batch(_batch([10, 30_000]), 16 * 1024)
