@@ -117,19 +117,17 @@ def pack_batch(
     event_ids, docs = _encoded_events(batch.events)
     if not docs:
         return []
-    if max_events is None:
-        # The common case, one message: one encoder call for the page. Its events joined by commas
-        # are exactly the ``[...]`` list's inside, and it fits exactly when the loop below would
-        # have packed every event into one message (size = head + 2 + each event and a comma).
-        whole = dumps(docs)
-        if len(head) + len(whole) + 1 <= budget:
-            return [_message(batch, head, [whole[1:-1]], event_ids)]
     messages: list[OutgoingMessage] = []
+    start = 0
+    if max_events is None:
+        start = _pack_in_chunks(batch, head, budget, event_ids, docs, messages)
+    if start == len(docs):
+        return messages
     encoded: list[bytes] = []
     ids: list[str] = []
     size = len(head) + 2
-    for index, (event_id, doc) in enumerate(zip(event_ids, docs, strict=True)):
-        raw = dumps(doc)
+    for index in range(start, len(docs)):
+        event_id, raw = event_ids[index], dumps(docs[index])
         if len(head) + len(raw) + 2 > budget:
             event = batch.events[index]
             if oversize is None:
@@ -148,6 +146,52 @@ def pack_batch(
     if ids:
         messages.append(_message(batch, head, encoded, ids))
     return messages
+
+
+def _pack_in_chunks(
+    batch: Batch, head: bytes, budget: int, event_ids: list[str], docs: list[dict[str, Any]], out: list[OutgoingMessage]
+) -> int:
+    """Pack messages exactly where the event-by-event loop of :func:`pack_batch` would split, with
+    one encoder call per message instead of one per event; returns where that loop must go on
+    (at an event too big for a message alone, or the end).
+
+    The loop counts ``head + 2`` and then each event and a comma; a list ``[e1,...,ek]`` encodes
+    to exactly ``sum(len(ei)) + k + 1`` bytes, so a chunk's size is ``head + len(chunk) + 1``. The
+    first chunk's length guesses the next ones; a few single events correct the guess either way.
+    """
+    start, count, room = 0, len(docs), budget - len(head) - 2
+    per_event = 0.0  # bytes an event and its comma take, from the first chunk
+
+    def too_big(raw_size: int) -> bool:  # alone over the limit: the loop (claim-check or error) decides
+        return raw_size > room
+
+    while start < count:
+        take = count - start if not per_event else max(1, min(count - start, int(room / per_event)))
+        chunk = dumps(docs[start : start + take])
+        per_event = per_event or (len(chunk) - 1) / take
+        while len(chunk) - 1 > room and take > 1 and len(chunk) - 1 > room + 2 * per_event:  # far off: guess again
+            take = max(1, int(take * room / (len(chunk) - 1)))
+            chunk = dumps(docs[start : start + take])
+        size, end = len(head) + len(chunk) + 1, len(chunk) - 1  # the inside ends before the "]"
+        while size > budget and take > 1:  # one event too many: drop it (it starts the next message)
+            dropped = len(dumps(docs[start + take - 1]))
+            if too_big(dropped):
+                return start
+            take, size, end = take - 1, size - dropped - 1, end - dropped - 1
+        if size > budget:
+            return start
+        extra: list[bytes] = []
+        while start + take < count:  # room for more: add single events while they fit
+            raw = dumps(docs[start + take])
+            if too_big(len(raw)):
+                return start
+            if size + len(raw) + 1 > budget:
+                break
+            extra.append(raw)
+            take, size = take + 1, size + len(raw) + 1
+        out.append(_message(batch, head, [chunk[1:end], *extra], event_ids[start : start + take]))
+        start += take
+    return start
 
 
 def session_key(pk_columns: tuple[str, ...], event: RowChange) -> str:

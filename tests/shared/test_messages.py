@@ -47,6 +47,30 @@ def test_a_batch_that_just_fits_or_just_does_not_packs_as_event_by_event(sizes: 
     assert len(pack_batch(batch, limit)) == (1 if slack >= 1 or len(sizes) == 1 else 2)
 
 
+def _reference(event: RowChange, size: int) -> RowChange:
+    """A claim-check stand-in: the oversize event replaced by a small reference event."""
+    return RowChange(event.event_id, event.op, event.pk, event.cursor, {"ref": size}, event.poller)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=3000), min_size=1, max_size=80),
+    limit=st.integers(min_value=4 * 1024 + 600, max_value=24 * 1024),
+    claim_check=st.booleans(),
+)
+def test_messages_split_exactly_where_event_by_event_packing_splits(sizes: list[int], limit: int, claim_check) -> None:
+    # Without max_events a batch is packed a chunk of events per encoder call; max_events forces
+    # the event-by-event loop. Same messages, byte for byte, oversize events (claim-check) included.
+    batch, hook = _batch(sizes), _reference if claim_check else None
+    try:
+        expected = pack_batch(batch, limit, oversize=hook, max_events=len(sizes) + 1)
+    except OversizeRowError:
+        with pytest.raises(OversizeRowError):
+            pack_batch(batch, limit, oversize=hook)
+        return
+    assert pack_batch(batch, limit, oversize=hook) == expected
+
+
 def test_oversize_row_names_poller_and_pk() -> None:
     with pytest.raises(OversizeRowError, match=r"poller orders: row \{'id': 1\}"):
         pack_batch(_batch([10, 30_000]), 16 * 1024)
