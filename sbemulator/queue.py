@@ -305,7 +305,7 @@ class Queue:
         if msg.in_ready or msg.state is not MessageState.ACTIVE:
             return
         msg.in_ready = True
-        key = msg.session_id if self.props.requires_session else None
+        key = msg.session_id if self.props.requires_session and not self.is_dead_letter else None  # a DLQ never is
         heapq.heappush(self._ready.setdefault(key, []), msg.seq)
         self.version += 1
         if key is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusSubQueue
 from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
 from sbemulator import Emulator
@@ -109,3 +109,19 @@ def test_list_sessions_names_sessions_with_messages(emulator: Emulator, client: 
     send(client, session_queue, "2", session_id="s2")
     # When listing sessions; Then both are named
     assert set(client.list_queue_sessions(session_queue)) == {"s1", "s2"}
+
+
+def test_the_dead_letter_queue_of_a_session_queue_is_received_without_a_session(
+    client: ServiceBusClient, session_queue: str
+):
+    # Given a message of session "A" dead-lettered (the DLQ is never session-enabled on the service)
+    send(client, session_queue, "x", session_id="A")
+    with client.get_queue_receiver(session_queue, session_id="A", max_wait_time=1) as receiver:
+        (message,) = receiver.receive_messages(1, max_wait_time=5)
+        receiver.dead_letter_message(message, reason="test")
+    # When a plain receiver receives from the DLQ
+    with client.get_queue_receiver(session_queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+        got = receiver.receive_messages(5, max_wait_time=5)
+        # Then the message arrives, still carrying its session id
+        assert [(str(m), m.session_id) for m in got] == [("x", "A")]
+        receiver.complete_message(got[0])
