@@ -88,7 +88,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         fp = row.get("fingerprint_match")
         match = "-" if fp is None else "[green]match[/]" if fp else "[red]MISMATCH[/]"
         lag = f"{_text(src.get('lag'))} ({_text(src.get('pending_rows'))} pending)" if src else "-"
-        queue = f"{depth['queue']}: {_text(depth.get('active'))} active, {_text(depth.get('dead_lettered'))} DLQ"
+        active = depth.get("active_unknown") or f"{_text(depth.get('active'))} active"
+        queue = f"{depth['queue']}: {active}, {_text(depth.get('dead_lettered'))} DLQ"
         problems = "; ".join(str(row[k]) for k in ("state", "state_error", "source_error") if k in row)
         problems += f"; {depth['error']}" if "error" in depth else ""
         table.add_row(

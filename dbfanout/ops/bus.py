@@ -25,18 +25,26 @@ from shared.settings import servicebus_connection
 __all__ = [
     "DLQ_DESCRIPTION",
     "DLQ_REASON",
+    "SESSION_QUEUE_ACTIVE",
     "MessageView",
+    "QueueProbe",
     "bus_client",
     "is_emulator",
     "peek_all",
     "peek_receiver",
+    "probe_queue",
     "props_of",
     "queue_exists",
+    "refuses_non_session",
 ]
 
 DLQ_REASON = "DeadLetterReason"
 DLQ_DESCRIPTION = "DeadLetterErrorDescription"
 PEEK_PAGE = 100
+# What the service answers a non-session receiver of a session-enabled queue: "It is not possible for
+# an entity that requires sessions to create a non-sessionful message receiver." (amqp:not-allowed)
+_SESSION_REFUSALS = ("requires sessions", "non-sessionful")
+SESSION_QUEUE_ACTIVE = "n/a: session queue (peeking it needs a session lock, which would take one from a worker)"
 
 
 def bus_client(config: Config) -> ServiceBusClient:
@@ -174,13 +182,49 @@ def peek_receiver(receiver: ServiceBusReceiver, limit: int | None = None) -> Ite
             next_seq = int(batch[-1].sequence_number or 0) + 1
 
 
-def queue_exists(client: ServiceBusClient, queue: str) -> bool | str:
-    """True, False (unknown entity), or why it could not be checked."""
+def refuses_non_session(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it was raised from) is the broker refusing a non-session receiver
+    because the queue requires sessions: proof the queue exists and is session-enabled."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen).lower()
+        if any(phrase in text for phrase in _SESSION_REFUSALS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueProbe:
+    """What a Listen-only look at a queue tells: whether it exists and whether it requires sessions.
+
+    ``exists`` and ``requires_session`` are None when unknown; ``error`` then says why.
+    """
+
+    exists: bool | None
+    requires_session: bool | None = None
+    error: str | None = None
+
+
+def probe_queue(client: ServiceBusClient, queue: str) -> QueueProbe:
+    """Peek one message with a non-session receiver (nothing is locked, nothing changes).
+
+    A session-enabled queue refuses that receiver, and the refusal itself proves it exists. A
+    session receiver is not tried: it would lock a session (a worker's, or an empty one).
+    """
     try:
         with client.get_queue_receiver(queue) as receiver:
             receiver.peek_messages(max_message_count=1)
-        return True
+        return QueueProbe(True, requires_session=False)
     except MessagingEntityNotFoundError:
-        return False
+        return QueueProbe(False)
     except (ServiceBusError, OSError, EnqueueError) as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        if refuses_non_session(exc):
+            return QueueProbe(True, requires_session=True)
+        return QueueProbe(None, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+
+
+def queue_exists(client: ServiceBusClient, queue: str) -> bool | str:
+    """True (a session-enabled queue too), False (unknown entity), or why it could not be checked."""
+    probe = probe_queue(client, queue)
+    return probe.exists if probe.exists is not None else probe.error or "unknown"

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from azure.servicebus import ServiceBusClient
 
-from dbfanout.ops.bus import is_emulator, peek_all
+from dbfanout.ops.bus import SESSION_QUEUE_ACTIVE, is_emulator, peek_all, refuses_non_session
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
 from poller.engines import make_engine
@@ -138,8 +138,16 @@ def queue_depth(config: Config, client: ServiceBusClient, queue: str) -> dict[st
         n = sum(1 for _ in peek_all(client, queue, dead_letter=dead_letter, limit=PEEK_COUNT_LIMIT))
         return n if n < PEEK_COUNT_LIMIT else f">={PEEK_COUNT_LIMIT}"
 
+    result: dict[str, Any] = {"queue": queue}
     try:
-        result = {"queue": queue, "active": count(False), "dead_lettered": count(True), "how": "peeked"}
+        result["active"] = count(False)
+    except Exception as exc:
+        if not refuses_non_session(exc):
+            return {"queue": queue, "error": _error(exc)}
+        # A session queue: its dead-letter sub-queue is not session-enabled and still peeks.
+        result.update(active=None, active_unknown=SESSION_QUEUE_ACTIVE, requires_session=True)
+    try:
+        result.update(dead_lettered=count(True), how="peeked")
     except Exception as exc:
         return {"queue": queue, "error": _error(exc)}
     if fallback:

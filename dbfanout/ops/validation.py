@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from azure.servicebus import ServiceBusClient
 
-from dbfanout.ops.bus import is_emulator, queue_exists
+from dbfanout.ops.bus import QueueProbe, is_emulator, probe_queue
 from dbfanout.ops.context import open_store
 from poller.events import to_batch
 from poller.outbox import OutboxSource
@@ -269,14 +269,41 @@ def validate_poller(
     if cfg.transport != "servicebus" or client is None:
         checks.append(Check(name, "queue", "skip", "not a Service Bus poller, or no Service Bus connection"))
         return checks
-    exists = queue_exists(client, cfg.queue)
-    if exists is True:
-        checks.append(Check(name, "queue", "ok", f"{cfg.queue} exists"))
+    probe = probe_queue(client, cfg.queue)
+    if probe.exists:
+        kind = " (session-enabled)" if probe.requires_session else ""
+        checks.append(Check(name, "queue", "ok", f"{cfg.queue} exists{kind}"))
+        checks.append(session_check(cfg, probe))
         checks.extend(_queue_property_checks(config, cfg))
     else:
-        detail = f"{cfg.queue} does not exist" if exists is False else f"{cfg.queue}: cannot check ({exists})"
+        missing = probe.exists is False
+        detail = f"{cfg.queue} does not exist" if missing else f"{cfg.queue}: cannot check ({probe.error})"
         checks.append(Check(name, "queue", "fail", detail))
     return checks
+
+
+def session_check(cfg: PollerConfig, probe: QueueProbe) -> Check:
+    """``sessions`` in the config against what the queue requires (its workers' receivers must match)."""
+    if probe.requires_session is None:
+        return Check(cfg.name, "sessions", "skip", "could not tell whether the queue requires sessions")
+    if probe.requires_session and not cfg.sessions:
+        return Check(
+            cfg.name,
+            "sessions",
+            "fail",
+            f"{cfg.queue} requires sessions but sessions = false: the worker's receiver is refused; "
+            "set sessions = true, or use a queue without sessions",
+        )
+    if cfg.sessions and not probe.requires_session:
+        return Check(
+            cfg.name,
+            "sessions",
+            "fail",
+            f"sessions = true but {cfg.queue} does not require sessions: events are not ordered per key; "
+            "recreate the queue with RequiresSession (it cannot be changed later), or set sessions = false",
+        )
+    state = "on" if cfg.sessions else "off"
+    return Check(cfg.name, "sessions", "ok", f"{state}, as the queue requires")
 
 
 def max_delivery_check(cfg: PollerConfig, mdc: int) -> Check:
