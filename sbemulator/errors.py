@@ -26,70 +26,54 @@ class ConfigError(EmulatorError):
 
 
 class BrokerError(EmulatorError):
-    """A broker operation was refused; sent to the client as ``condition``."""
+    """A broker operation was refused; sent to the client as ``condition``.
+
+    A subclass names its AMQP condition and HTTP status as class keywords:
+    ``class X(BrokerError, condition="amqp:not-found", status_code=404)``.
+    """
 
     condition = "amqp:internal-error"
     status_code = 500
 
+    def __init_subclass__(cls, *, condition: str | None = None, status_code: int | None = None) -> None:
+        super().__init_subclass__()
+        if condition is not None:
+            cls.condition = condition
+        if status_code is not None:
+            cls.status_code = status_code
 
-class EntityNotFoundError(BrokerError):
+
+class EntityNotFoundError(BrokerError, condition="amqp:not-found", status_code=404):
     """The queue does not exist: add it to Config.json or call ``Emulator.create_queue``."""
 
-    condition = "amqp:not-found"
-    status_code = 404
 
-
-class MessageSizeExceededError(BrokerError):
+class MessageSizeExceededError(BrokerError, condition="amqp:link:message-size-exceeded", status_code=413):
     """The message exceeds the queue's max message size (MaxMessageSizeInKilobytes)."""
 
-    condition = "amqp:link:message-size-exceeded"
-    status_code = 413
 
-
-class QuotaExceededError(BrokerError):
+class QuotaExceededError(BrokerError, condition="amqp:resource-limit-exceeded", status_code=403):
     """The queue holds MaxSizeInMegabytes already: receive messages or raise the limit."""
 
-    condition = "amqp:resource-limit-exceeded"
-    status_code = 403
 
-
-class ServerBusyError(BrokerError):
+class ServerBusyError(BrokerError, condition="com.microsoft:server-busy", status_code=503):
     """Injected by ``Emulator.faults``; the SDK retries it."""
 
-    condition = "com.microsoft:server-busy"
-    status_code = 503
 
-
-class MessageLockLostError(BrokerError):
+class MessageLockLostError(BrokerError, condition="com.microsoft:message-lock-lost", status_code=410):
     """The lock token is unknown or its lock expired; the message was or will be redelivered."""
 
-    condition = "com.microsoft:message-lock-lost"
-    status_code = 410
 
-
-class SessionLockLostError(BrokerError):
+class SessionLockLostError(BrokerError, condition="com.microsoft:session-lock-lost", status_code=410):
     """The session lock expired or belongs to another receiver."""
 
-    condition = "com.microsoft:session-lock-lost"
-    status_code = 410
 
-
-class SessionCannotBeLockedError(BrokerError):
+class SessionCannotBeLockedError(BrokerError, condition="com.microsoft:session-cannot-be-locked", status_code=410):
     """The session is locked by another receiver."""
 
-    condition = "com.microsoft:session-cannot-be-locked"
-    status_code = 410
 
-
-class MessageNotFoundError(BrokerError):
+class MessageNotFoundError(BrokerError, condition="com.microsoft:message-not-found", status_code=404):
     """No message with that sequence number (or not deferred)."""
 
-    condition = "com.microsoft:message-not-found"
-    status_code = 404
 
-
-class InvalidOperationError(BrokerError):
+class InvalidOperationError(BrokerError, condition="amqp:not-allowed", status_code=400):
     """The operation does not apply to this entity (e.g. dead-lettering in a dead-letter queue)."""
-
-    condition = "amqp:not-allowed"
-    status_code = 400
