@@ -17,7 +17,7 @@ from shared.codec import dumps, loads
 from shared.errors import SerializationError
 from shared.logs import get_logger, ids
 
-__all__ = ["export", "peek", "purge", "read_export"]
+__all__ = ["export", "peek", "purge", "purge_start", "read_export"]
 
 K = TypeVar("K", int, str)
 
@@ -77,6 +77,18 @@ def read_export(path: Path) -> dict[int, bytes]:
     return read_export_bodies(path, "sequence_number", int)
 
 
+def purge_start(
+    queue: str, older_than: dt.timedelta | None, dry_run: bool, now: Callable[[], dt.datetime]
+) -> tuple[Callable[[MessageView], bool], dict[str, Any]]:
+    """A purge's age filter (every message when ``older_than`` is None) and its result, nothing counted yet."""
+    cutoff = now() - older_than if older_than is not None else None
+
+    def old(view: MessageView) -> bool:
+        return cutoff is None or (view.enqueued_time or now()) < cutoff
+
+    return old, {"queue": queue, "selected": 0, "purged": 0, "dry_run": dry_run}
+
+
 def purge(
     client: ServiceBusClient,
     queue: str,
@@ -87,11 +99,10 @@ def purge(
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
 ) -> dict[str, Any]:
     """Complete (delete) dead-lettered messages, all or those enqueued more than ``older_than`` ago."""
-    cutoff = now() - older_than if older_than is not None else None
-    result: dict[str, Any] = {"queue": queue, "selected": 0, "purged": 0, "dry_run": dry_run}
+    old, result = purge_start(queue, older_than, dry_run, now)
     purged: list[int] = []
     with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
-        views = [v for v in peek_receiver(receiver) if cutoff is None or (v.enqueued_time or now()) < cutoff]
+        views = [v for v in peek_receiver(receiver) if old(v)]
         pending = {v.sequence_number for v in views}
         result["selected"] = len(views)
         if dry_run or not pending:

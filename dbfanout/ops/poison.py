@@ -28,7 +28,7 @@ from azure.core.exceptions import AzureError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
 from dbfanout.ops.bus import MessageView
-from dbfanout.ops.dlq import read_export_bodies
+from dbfanout.ops.dlq import purge_start, read_export_bodies
 from dbfanout.ops.replay import Progress, ReplayReport, Selection
 from shared.codec import dumps
 from shared.config import Config
@@ -219,12 +219,7 @@ class PoisonQueue:
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> dict[str, Any]:
         """Delete poison messages, all or those inserted more than ``older_than`` ago."""
-        cutoff = now() - older_than if older_than is not None else None
-        result: dict[str, Any] = {"queue": self.name, "selected": 0, "purged": 0, "dry_run": dry_run}
-
-        def old(view: MessageView) -> bool:
-            return cutoff is None or (view.enqueued_time or now()) < cutoff
-
+        old, result = purge_start(self.name, older_than, dry_run, now)
         if dry_run:
             result["selected"] = sum(1 for v in self.peek(Selection(), None) if old(v))
             result["note"] = "storage queues peek at most 32 messages"
