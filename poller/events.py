@@ -173,15 +173,20 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     afters = [dict(zip(names, r, strict=True)) for r in zip(*(encoded[n][0] for n in names), strict=True)]
     after_tags = _row_tags(names, [encoded[n][1] for n in names], len(tuples))
     pk_tags = _row_tags(list(pk_names), [encoded[p][1] for p in pk_names], len(tuples))
+    pk_of = _pk_getter(pk_names)
+    if names and not isinstance(cursor_tags, list) and not any(isinstance(encoded[n][1], list) for n in names):
+        return event_ids, _uniform_events(
+            event_ids, ops, afters, cursor_values, pk_of, cursor_tags, pk_tags, after_tags
+        )
     cursor_tag_of = cursor_tags if isinstance(cursor_tags, list) else repeat(cursor_tags)
-    docs: list[dict[str, Any]] = []
+    docs = []
     for event_id, op, after, a_tags, p_tags, value, tag in zip(
         event_ids, ops, afters, after_tags, pk_tags, cursor_values, cursor_tag_of, strict=False
     ):
         event: dict[str, Any] = {
             "event_id": event_id,
             "op": op,
-            "pk": {p: after[p] for p in pk_names},
+            "pk": pk_of(after),
             "cursor": value,
             "after": after if after or op == "upsert" else None,
             "before": None,
@@ -197,6 +202,43 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
             event["types"] = types
         docs.append(event)
     return event_ids, docs
+
+
+def _uniform_events(
+    event_ids: list[str],
+    ops: list[str],
+    afters: list[dict[str, Any]],
+    cursor_values: Sequence[Any],
+    pk_of: Callable[[dict[str, Any]], dict[str, Any]],
+    cursor_tag: str | None,
+    pk_tags: Sequence[dict[str, str]],
+    after_tags: Sequence[dict[str, str]],
+) -> list[dict[str, Any]]:
+    """The events of a page whose rows all have the same tags (no nulls among tagged columns, the
+    common case): one shared "types" object, each event built in one expression. Every ``after``
+    has values here, so it is never null."""
+    types: dict[str, Any] = {"cursor": cursor_tag} if cursor_tag is not None else {}
+    if pk_tags[0]:
+        types["pk"] = pk_tags[0]
+    if after_tags[0]:
+        types["after"] = after_tags[0]
+    rows = zip(event_ids, ops, afters, cursor_values, strict=True)
+    if not types:
+        return [
+            {"event_id": i, "op": o, "pk": pk_of(a), "cursor": c, "after": a, "before": None} for i, o, a, c in rows
+        ]
+    return [
+        {"event_id": i, "op": o, "pk": pk_of(a), "cursor": c, "after": a, "before": None, "types": types}
+        for i, o, a, c in rows
+    ]
+
+
+def _pk_getter(pk_names: tuple[str, ...]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The event's pk object from its encoded values (a single-column key without a loop)."""
+    if len(pk_names) == 1:
+        (name,) = pk_names
+        return lambda after: {name: after[name]}
+    return lambda after: {p: after[p] for p in pk_names}
 
 
 def _row_tags(names: list[str], tags: list[str | list[str | None] | None], count: int) -> Sequence[dict[str, str]]:

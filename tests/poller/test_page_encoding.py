@@ -136,6 +136,20 @@ def _outcome(encode: Any) -> Any:
         return type(exc), str(exc)
 
 
+@pytest.mark.parametrize(
+    "tuples",
+    [
+        [(1, 10, "a"), (2, 10, "b"), (3, 11, None)],  # nothing tagged: events without "types"
+        [(1, 10, Decimal("1.5")), (2, 11, Decimal("2"))],  # every row tagged alike: one shared "types"
+        [(1, 10, Decimal("1.5")), (2, 11, None)],  # tags differ by row
+        [(2**60, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "é")],  # tagged pk and cursor
+    ],
+)
+def test_uniform_and_varied_pages_encode_like_their_events(tuples: list[tuple[Any, ...]]) -> None:
+    keyset = KeysetColumns(("id", "c", "v"), "c", ("id",))
+    assert _fast(keyset, tuples) == _expected(keyset, tuples)
+
+
 def test_a_converted_cursor_missing_from_the_values_is_appended_last_like_the_row_builder() -> None:
     keyset = KeysetColumns(
         ("id", "v", "raw"), "c", ("id",), "raw", lambda v: (v, dt.datetime.fromisoformat(v + "+00:00"))
