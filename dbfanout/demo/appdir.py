@@ -34,6 +34,9 @@ SOURCE_DDL = (
     " deleted_at TEXT)"
 )
 KEYSET_INDEX = "CREATE INDEX ix_orders_keyset ON orders (version, id)"
+# The demo queue's MaxDeliveryCount: low, so the poisoned row reaches the DLQ within seconds. The
+# poller is told it too, so the worker splits a failing batch before crashes could use it up.
+MAX_DELIVERY_COUNT = 3
 
 # Why an integer version with settle_seconds = 0: the demo has one writer thread and SQLite lets
 # one write transaction run at a time, so versions become visible in the order they were
@@ -56,6 +59,7 @@ max_batches_per_tick = 50
 lease_ttl_seconds = 10
 settle_seconds = 0
 split_after_deliveries = 2
+max_delivery_count = {max_delivery_count}
 """
 CONFIG_TEMPLATE = (
     _POLLER_TEMPLATE
@@ -173,7 +177,15 @@ class DemoApp:
         app = cls(root, queue, settings)
         template = PG_LOGICAL_CONFIG_TEMPLATE if pg_logical else OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
         names = {"table": pg_logical.table, "slot": pg_logical.name} if pg_logical else {}
-        app.config_file.write_text(template.format(app_name=app.app_name, queue=queue, batch_size=batch_size, **names))
+        app.config_file.write_text(
+            template.format(
+                app_name=app.app_name,
+                queue=queue,
+                batch_size=batch_size,
+                max_delivery_count=MAX_DELIVERY_COUNT,
+                **names,
+            )
+        )
         engine = sqlite_engine(app.source_db)
         with engine.begin() as conn:
             conn.exec_driver_sql(SOURCE_DDL)

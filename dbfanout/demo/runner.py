@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dbfanout.demo.appdir import SOURCE_DDL, DemoApp, sqlite_engine
+from dbfanout.demo.appdir import MAX_DELIVERY_COUNT, SOURCE_DDL, DemoApp, sqlite_engine
 from dbfanout.demo.compare import Comparison, compare, read_source, read_target
 from dbfanout.demo.operator import ReplayRun
 from dbfanout.demo.pg_source import DEFAULT_PG_URL, PgDemoSource
@@ -40,7 +40,6 @@ __all__ = ["DemoOptions", "run_demo"]
 
 QUEUE = "orders-changes"
 POLLER = "orders"
-MAX_DELIVERY_COUNT = 3
 LOCK_DURATION = "PT10S"
 REFRESH = 0.5  # seconds between live-view refreshes (and condition checks)
 HOST_START_TIMEOUT = 90.0
