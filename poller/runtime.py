@@ -19,8 +19,8 @@ from poller.state_blob import open_state_store
 from poller.tick import TickResult, default_owner_id, run_tick
 from shared.claimcheck import open_claim_check
 from shared.config import Config
-from shared.servicebus import QueueSender, servicebus_client
-from shared.settings import servicebus_connection, storage_connection
+from shared.servicebus import LazyServiceBusClient, QueueSender
+from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 
 __all__ = ["PollerRuntime", "Runtimes"]
@@ -73,10 +73,7 @@ class PollerRuntime:
 
     def _bus_sink(self) -> Sink:
         if self._bus is None:
-            client = servicebus_client(
-                servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
-            )
-            self._bus = lambda: client
+            self._bus = LazyServiceBusClient(self.config.settings, self.config.app.servicebus_connection)
         return ServiceBusSink(self.poller, QueueSender(self._bus(), self.poller.queue), claim_check=self._claim_check())
 
     def _storage_queue_sink(self) -> Sink:
@@ -108,15 +105,8 @@ class Runtimes:
         self.config = config
         self._runtimes: dict[str, PollerRuntime] = {}
         self._lock = threading.Lock()
-        self._bus: ServiceBusClient | None = None
-        self._bus_lock = threading.Lock()
-
-    def _shared_bus(self) -> ServiceBusClient:
-        with self._bus_lock:  # its own lock: called from inside a tick, while get() may run
-            if self._bus is None:
-                conn = servicebus_connection(self.config.settings, self.config.app.servicebus_connection)
-                self._bus = servicebus_client(conn)
-            return self._bus
+        # Its own lock inside: called from inside a tick, while get() may run.
+        self._shared_bus = LazyServiceBusClient(config.settings, config.app.servicebus_connection)
 
     def get(self, poller: str) -> PollerRuntime:
         with self._lock:
@@ -129,6 +119,4 @@ class Runtimes:
             for runtime in self._runtimes.values():
                 runtime.close()
             self._runtimes.clear()
-            if self._bus is not None:
-                self._bus.close()
-                self._bus = None
+            self._shared_bus.close()

@@ -19,9 +19,9 @@ from azure.servicebus.exceptions import (
 from shared.errors import EnqueueError, OversizeRowError
 from shared.logs import get_logger, ids
 from shared.messages import OutgoingMessage
-from shared.settings import ServiceBusConnection
+from shared.settings import ServiceBusConnection, Settings, servicebus_connection
 
-__all__ = ["QueueSender", "bus_errors", "servicebus_client", "to_sdk_message"]
+__all__ = ["LazyServiceBusClient", "QueueSender", "bus_errors", "servicebus_client", "to_sdk_message"]
 
 log = get_logger("servicebus")
 
@@ -35,6 +35,32 @@ def servicebus_client(conn: ServiceBusConnection, **kwargs: Any) -> ServiceBusCl
     assert conn.fully_qualified_namespace is not None
     credential = DefaultAzureCredential(managed_identity_client_id=conn.client_id)
     return ServiceBusClient(conn.fully_qualified_namespace, credential, **kwargs)
+
+
+class LazyServiceBusClient:
+    """One process-wide client of a connection setting, built on the first call and then reused.
+
+    Building waits for the first send, so a missing setting fails that send (not the import).
+    Thread-safe; ``close`` closes the client, and a later call builds a new one.
+    """
+
+    def __init__(self, settings: Settings, connection_name: str) -> None:
+        self._settings = settings
+        self._connection_name = connection_name
+        self._client: ServiceBusClient | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> ServiceBusClient:
+        with self._lock:
+            if self._client is None:
+                self._client = servicebus_client(servicebus_connection(self._settings, self._connection_name))
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
 
 @contextmanager

@@ -15,15 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import azure.functions as func
-from azure.servicebus import ServiceBusClient
 
 from shared.claimcheck import ClaimCheck, is_claim, open_claim_check
 from shared.config import Config
 from shared.errors import ConfigError
 from shared.messages import OutgoingMessage
 from shared.models import RowChange
-from shared.servicebus import QueueSender, servicebus_client
-from shared.settings import servicebus_connection, storage_connection
+from shared.servicebus import LazyServiceBusClient, QueueSender
+from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 from worker.runtime import Delivery, Worker
 from worker.split import Splitter
@@ -71,7 +70,7 @@ class WorkerApp:
         self._app_root = app_root
         self._lock = threading.Lock()
         self._worker: Worker | None = None
-        self._bus: ServiceBusClient | None = None
+        self._bus = LazyServiceBusClient(config.settings, config.app.servicebus_connection)
         self._senders: dict[str, QueueSender | StorageQueueSender] = {}
         self._claims: ClaimCheck | None = None
 
@@ -88,9 +87,7 @@ class WorkerApp:
         if _transport(self.config, queue) == "storage-queue":
             conn = storage_connection(self.config.settings, app.storage_queue_connection)
             return StorageQueueSender(queue_service_client(conn).get_queue_client(queue))
-        if self._bus is None:
-            self._bus = servicebus_client(servicebus_connection(self.config.settings, app.servicebus_connection))
-        return QueueSender(self._bus, queue)
+        return QueueSender(self._bus(), queue)
 
     @property
     def worker(self) -> Worker:
@@ -125,9 +122,7 @@ class WorkerApp:
             for sender in self._senders.values():
                 sender.close()
             self._senders.clear()
-            if self._bus is not None:
-                self._bus.close()
-                self._bus = None
+            self._bus.close()
 
 
 def worker_blueprint(
