@@ -23,8 +23,20 @@ class MessageState(enum.IntEnum):
     SCHEDULED = 2
 
 
+class _Sized:
+    """``size``: the bytes of ``payload`` counted against size limits and the queue quota."""
+
+    __slots__ = ()
+    payload: bytes
+
+    @property
+    def size(self) -> int:
+        """Bytes counted against size limits and quotas."""
+        return len(self.payload)
+
+
 @dataclass(frozen=True, slots=True)
-class IncomingMessage:
+class IncomingMessage(_Sized):
     """What the broker needs to know about one message a client sends."""
 
     payload: bytes
@@ -33,14 +45,9 @@ class IncomingMessage:
     ttl: float | None = None
     scheduled_enqueue_time: float | None = None
 
-    @property
-    def size(self) -> int:
-        """Bytes counted against size limits and quotas."""
-        return len(self.payload)
-
 
 @dataclass(slots=True)
-class StoredMessage:
+class StoredMessage(_Sized):
     """A message inside a queue. Mutable: it is broker state, owned by exactly one queue."""
 
     seq: int
@@ -59,11 +66,6 @@ class StoredMessage:
     lock_token: uuid.UUID | None = None
     locked_until: float = 0.0
     in_ready: bool = False
-
-    @property
-    def size(self) -> int:
-        """Bytes counted against the queue quota."""
-        return len(self.payload)
 
 
 @dataclass(slots=True)
