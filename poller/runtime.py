@@ -18,6 +18,7 @@ from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
 from poller.tick import TickResult, default_owner_id, run_tick
 from shared.claimcheck import open_claim_check
+from shared.closing import close_and_clear
 from shared.config import Config
 from shared.servicebus import LazyServiceBusClient, QueueSender
 from shared.settings import storage_connection
@@ -116,7 +117,5 @@ class Runtimes:
 
     def close(self) -> None:
         with self._lock:
-            for runtime in self._runtimes.values():
-                runtime.close()
-            self._runtimes.clear()
+            close_and_clear(self._runtimes)
             self._shared_bus.close()

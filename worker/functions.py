@@ -17,6 +17,7 @@ from pathlib import Path
 import azure.functions as func
 
 from shared.claimcheck import ClaimCheck, is_claim, open_claim_check
+from shared.closing import close_and_clear
 from shared.config import Config
 from shared.errors import ConfigError
 from shared.messages import OutgoingMessage
@@ -119,9 +120,7 @@ class WorkerApp:
 
     def close(self) -> None:
         with self._lock:
-            for sender in self._senders.values():
-                sender.close()
-            self._senders.clear()
+            close_and_clear(self._senders)
             self._bus.close()
 
 
