@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import urlsplit
 
 import requests
@@ -47,6 +47,7 @@ from shared.settings import StorageConnection, redact_url
 __all__ = [
     "DEFAULT_CONTAINER",
     "BlobStateStore",
+    "LeaseTiming",
     "blob_errors",
     "blob_service_client",
     "open_state_store",
@@ -237,20 +238,27 @@ def blob_service_client(
     raise ConfigError("storage connection", "needs a connection string or a blob service URI")
 
 
+class LeaseTiming(TypedDict, total=False):
+    """The lease-timing keywords of :class:`BlobStateStore` that :func:`open_state_store` passes on."""
+
+    clock: Clock
+    skew_margin: dt.timedelta | None
+
+
 def open_state_store(
     conn: StorageConnection,
     container: str,
     app_name: str,
     poller_name: str,
     *,
-    clock: Clock = utcnow,
-    skew_margin: dt.timedelta | None = None,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     retry_total: int = DEFAULT_READ_RETRIES,
     ensure_container: bool = True,
+    **lease_timing: Unpack[LeaseTiming],
 ) -> BlobStateStore:
     """Build the client and the store; create the container when missing (an existing one is fine).
 
+    ``clock`` and ``skew_margin`` go to :class:`BlobStateStore` as they are.
     Raises StateUnavailableError when the container cannot be created (storage down, no RBAC).
     """
     service = blob_service_client(conn, request_timeout=request_timeout, retry_total=retry_total)
@@ -258,6 +266,4 @@ def open_state_store(
     if ensure_container:
         with blob_errors("create-container"), suppress(ResourceExistsError):
             container_client.create_container(connection_timeout=request_timeout, read_timeout=request_timeout)
-    return BlobStateStore(
-        container_client, app_name, poller_name, clock=clock, skew_margin=skew_margin, request_timeout=request_timeout
-    )
+    return BlobStateStore(container_client, app_name, poller_name, request_timeout=request_timeout, **lease_timing)
