@@ -8,10 +8,11 @@ returns, so the parent completes only after every single was accepted.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import azure.functions as func
@@ -44,22 +45,30 @@ def queue_function_name(queue: str) -> str:
 
 def delivery_from_storage_queue(msg: func.QueueMessage) -> Delivery:
     """A queue-trigger message (the host already decoded the base64 text; dequeue count is 1-based)."""
-    return Delivery(
-        body=msg.get_body(),
-        message_id=msg.id or "",
-        delivery_count=int(msg.dequeue_count or 1),
-        enqueued_time=msg.insertion_time,
-    )
+    return _delivery(msg.get_body(), msg.id, msg.dequeue_count, msg.insertion_time)
 
 
 def delivery_from_functions(msg: func.ServiceBusMessage) -> Delivery:
     """What the Functions host hands us → the worker's view (its delivery count is 1-based)."""
+    return _delivery(
+        msg.get_body(), msg.message_id, msg.delivery_count, msg.enqueued_time_utc, msg.application_properties
+    )
+
+
+def _delivery(
+    body: bytes,
+    message_id: str | None,
+    delivery_count: int | None,
+    enqueued_time: dt.datetime | None,
+    application_properties: Mapping[str, typing.Any] | None = None,
+) -> Delivery:
+    """The host's fields as the worker reads them: no id is "", no count is the first delivery."""
     return Delivery(
-        body=msg.get_body(),
-        message_id=msg.message_id or "",
-        delivery_count=int(msg.delivery_count or 1),
-        enqueued_time=msg.enqueued_time_utc,
-        application_properties=dict(msg.application_properties or {}),
+        body=body,
+        message_id=message_id or "",
+        delivery_count=int(delivery_count or 1),
+        enqueued_time=enqueued_time,
+        application_properties=dict(application_properties or {}),
     )
 
 
