@@ -9,28 +9,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from dbfanout.commands.common import (
-    EXIT_REFUSED,
-    EXIT_USAGE,
-    ConfigOption,
-    DryRunOption,
-    JsonOption,
-    YesOption,
-    confirm_or_refuse,
-    console,
-    err_console,
-    fail,
-    load,
-    mount_group,
-    print_json,
-    reporting_errors,
-)
+from dbfanout.commands import common
 from dbfanout.ops import checkpoints as ops
 from dbfanout.ops.context import open_store, template_position
 from dbfanout.ops.literals import LiteralError, parse_position
 from poller.sources import open_source
 from shared.codec import dumps, encode_position, loads
-from shared.config import Config
+from shared.config import Config, PollerConfig
 from shared.errors import SerializationError
 from shared.models import Position, StateDoc
 
@@ -39,7 +24,7 @@ PollerArg = Annotated[str, typer.Argument(help="The poller (a pollers.NAME table
 
 def register(app: typer.Typer) -> None:
     """Mount ``checkpoint`` on the root command."""
-    mount_group(
+    common.mount_group(
         app,
         "checkpoint",
         "Export, reset and clone poller checkpoints (with guardrails).",
@@ -54,21 +39,28 @@ def _now() -> dt.datetime:
 def export_command(
     poller: PollerArg,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file (default: stdout)")] = None,
-    config: ConfigOption = None,
+    config: common.ConfigOption = None,
 ) -> None:
     """Print (or save) the poller's state blob as JSON; `reset --from-file` reads it back."""
-    with reporting_errors():
-        cfg = load(config)
-        cfg.poller(poller)
+    cfg, _ = _load_poller(config, poller)
+    with common.reporting_errors():
         snap = open_store(cfg, poller).load()
     if snap is None:
-        fail(f"poller {poller} has no state yet (it never ran)", hint="nothing to export")
+        common.fail(f"poller {poller} has no state yet (it never ran)", hint="nothing to export")
     doc = {**ops.state_json(snap.doc), "etag": snap.etag}
     if out is None:
-        print_json(doc)
+        common.print_json(doc)
         return
     out.write_bytes(dumps(doc) + b"\n")
-    err_console.print(f"exported the state of {poller} to {out}")
+    common.err_console.print(f"exported the state of {poller} to {out}")
+
+
+def _load_poller(config: Path | None, poller: str) -> tuple[Config, PollerConfig]:
+    """The configuration and its ``pollers.POLLER`` table; a missing file or poller ends the command."""
+    with common.reporting_errors():
+        cfg = common.load(config)
+        pcfg = cfg.poller(poller)
+    return cfg, pcfg
 
 
 def _target(
@@ -76,24 +68,28 @@ def _target(
 ) -> tuple[ops.TargetKind, Position | None, str | None]:
     chosen = sum([to_beginning, to_cursor is not None, from_file is not None])
     if chosen > 1:
-        fail("choose one of --to-beginning, --to-cursor, --from-file", EXIT_USAGE)
+        common.fail("choose one of --to-beginning, --to-cursor, --from-file", common.EXIT_USAGE)
     if pk and to_cursor is None:
-        fail("--pk goes with --to-cursor", EXIT_USAGE)
+        common.fail("--pk goes with --to-cursor", common.EXIT_USAGE)
     if to_beginning:
         return "beginning", None, None
     if from_file is not None:
         try:
             position, fingerprint = ops.position_from_export(loads(from_file.read_bytes()))
         except (OSError, ValueError, SerializationError) as exc:
-            fail(f"--from-file {from_file}: {exc}", EXIT_USAGE, "pass a file written by `dbfanout checkpoint export`")
+            common.fail(
+                f"--from-file {from_file}: {exc}",
+                common.EXIT_USAGE,
+                "pass a file written by `dbfanout checkpoint export`",
+            )
         return "file", position, fingerprint
     if to_cursor is not None:
-        with reporting_errors():
+        with common.reporting_errors():
             template = template_position(cfg, poller)
         if template is None:
-            fail(
+            common.fail(
                 f"poller {poller}: the source has no rows and no checkpoint; cannot tell the cursor type",
-                EXIT_USAGE,
+                common.EXIT_USAGE,
                 "use --to-beginning",
             )
         pcfg = cfg.poller(poller)
@@ -101,7 +97,7 @@ def _target(
         try:
             return "cursor", parse_position(to_cursor, pk, template, ties), None
         except LiteralError as exc:
-            fail(str(exc), EXIT_USAGE, "the value is read as the cursor column's type")
+            common.fail(str(exc), common.EXIT_USAGE, "the value is read as the cursor column's type")
     return "keep", None, None
 
 
@@ -117,23 +113,21 @@ def reset_command(
         bool, typer.Option("--accept-fingerprint", help="Adopt the configured source's fingerprint")
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Override a lease that expired without release")] = False,
-    yes: YesOption = False,
-    dry_run: DryRunOption = False,
-    json_out: JsonOption = False,
-    config: ConfigOption = None,
+    yes: common.YesOption = False,
+    dry_run: common.DryRunOption = False,
+    json_out: common.JsonOption = False,
+    config: common.ConfigOption = None,
 ) -> None:
     """Move the checkpoint. Refuses while a live lease is held, and on a fingerprint mismatch."""
-    with reporting_errors():
-        cfg = load(config)
-        pcfg = cfg.poller(poller)
+    cfg, pcfg = _load_poller(config, poller)
     kind, position, file_fp = _target(cfg, poller, to_beginning, to_cursor, pk or [], from_file)
     if kind == "keep" and not accept_fingerprint:
-        fail(
+        common.fail(
             "say where to move the checkpoint",
-            EXIT_USAGE,
+            common.EXIT_USAGE,
             "use --to-beginning, --to-cursor VALUE --pk k=v, --from-file F (or --accept-fingerprint alone)",
         )
-    with reporting_errors():
+    with common.reporting_errors():
         store = open_store(cfg, poller)
         try:
             plan = ops.plan_reset(
@@ -149,7 +143,7 @@ def reset_command(
                 operator=ops.operator_id(),
             )
         except ops.Refused as exc:
-            fail(str(exc.args[0]), EXIT_REFUSED, exc.hint)
+            common.fail(str(exc.args[0]), common.EXIT_REFUSED, exc.hint)
     _write(plan, cfg, store, yes=yes, dry_run=dry_run, json_out=json_out)
 
 
@@ -159,20 +153,19 @@ def clone_command(
     from_beginning: Annotated[
         bool, typer.Option("--from-beginning", help="Start the clone with no checkpoint (a full backfill)")
     ] = False,
-    yes: YesOption = False,
-    dry_run: DryRunOption = False,
-    json_out: JsonOption = False,
-    config: ConfigOption = None,
+    yes: common.YesOption = False,
+    dry_run: common.DryRunOption = False,
+    json_out: common.JsonOption = False,
+    config: common.ConfigOption = None,
 ) -> None:
     """Copy a poller's checkpoint into a new, independent state blob (backfills, experiments)."""
-    with reporting_errors():
-        cfg = load(config)
-        cfg.poller(poller)
+    cfg, _ = _load_poller(config, poller)
+    with common.reporting_errors():
         source, target = open_store(cfg, poller), open_store(cfg, new_name, check_name=True)
         try:
             plan = ops.plan_clone(source, target, now=_now(), operator=ops.operator_id(), from_beginning=from_beginning)
         except ops.Refused as exc:
-            fail(str(exc.args[0]), EXIT_REFUSED, exc.hint)
+            common.fail(str(exc.args[0]), common.EXIT_REFUSED, exc.hint)
     if new_name not in cfg.pollers:
         plan.notes.append(f"add [pollers.{new_name}] to {cfg.path} (same source) before it can run")
     _write(plan, cfg, target, yes=yes, dry_run=dry_run, json_out=json_out)
@@ -183,21 +176,23 @@ def _write(plan: ops.Plan, cfg: Config, store: Any, *, yes: bool, dry_run: bool,
         _show(plan)
     if dry_run:
         if json_out:
-            print_json({**plan.to_json(), "dry_run": True, "written": False})
+            common.print_json({**plan.to_json(), "dry_run": True, "written": False})
         else:
-            console.print("[dim]dry run: nothing was written[/]")
+            common.console.print("[dim]dry run: nothing was written[/]")
         return
-    confirm_or_refuse(yes, f"Write this {plan.action} of poller {plan.poller}?")
-    with reporting_errors():
+    common.confirm_or_refuse(yes, f"Write this {plan.action} of poller {plan.poller}?")
+    with common.reporting_errors():
         try:
             ops.apply(plan, store, cfg.app.name, now=_now)
         except ops.Refused as exc:
-            fail(str(exc.args[0]), EXIT_REFUSED, exc.hint)
+            common.fail(str(exc.args[0]), common.EXIT_REFUSED, exc.hint)
     if json_out:
-        print_json({**plan.to_json(), "dry_run": False, "written": True})
+        common.print_json({**plan.to_json(), "dry_run": False, "written": True})
     else:
         backup = f"; previous state saved as {plan.backup_blob}" if plan.backup_blob else ""
-        console.print(f"[green]{plan.action} written[/] to {plan.blob_name}{backup}; audit: audit/{cfg.app.name}.jsonl")
+        common.console.print(
+            f"[green]{plan.action} written[/] to {plan.blob_name}{backup}; audit: audit/{cfg.app.name}.jsonl"
+        )
 
 
 def _describe(doc: StateDoc | None) -> dict[str, str]:
@@ -222,9 +217,9 @@ def _show(plan: ops.Plan) -> None:
     before, after = _describe(plan.before), _describe(plan.after)
     for key in before:
         table.add_row(key, before[key], after[key])
-    console.print(table)
+    common.console.print(table)
     for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        common.console.print(f"[yellow]note:[/] {note}")
 
 
 __all__ = ["register"]
