@@ -25,8 +25,9 @@ def joined(thread: threading.Thread | None, timeout: float) -> bool:
 class TriggerRunner(Generic[Invocation]):
     """Runs ``_run`` (the pump) on its own thread; calls go to a pool of ``max_concurrent_calls``."""
 
-    def __init__(self, spec: FunctionSpec, max_concurrent_calls: int) -> None:
+    def __init__(self, spec: FunctionSpec, queue_name: str, max_concurrent_calls: int) -> None:
         self.spec = spec
+        self.queue = queue_name
         self._stop = threading.Event()
         self._done: queue.Queue[Invocation] = queue.Queue()  # calls hand their outcome back to the pump
         self._inflight: set[Invocation] = set()

@@ -78,29 +78,21 @@ class _Invocation:
 class QueueRunner(TriggerRunner[_Invocation]):
     """Feeds one queue-triggered function until stopped."""
 
-    def __init__(
-        self,
-        spec: FunctionSpec,
-        settings: Mapping[str, str],
-        options: ServiceBusOptions,
-        *,
-        idle_wait: float = 1.0,
-        busy_wait: float = 0.1,
-    ) -> None:
-        super().__init__(spec, options.max_concurrent_calls)
+    _idle_wait = 1.0  # how long a receive waits when no call runs
+    _busy_wait = 0.1  # ... and while calls run, so finished ones are settled soon
+
+    def __init__(self, spec: FunctionSpec, settings: Mapping[str, str], options: ServiceBusOptions) -> None:
         trigger = ServiceBusTrigger.of(spec, settings)
         if trigger.sessions:
             raise ConfigError(
                 f"{spec.name}.isSessionsEnabled",
                 "a session-enabled trigger is served by SessionQueueRunner (dbfanout.host.sessions)",
             )
-        self.queue = trigger.queue
+        super().__init__(spec, trigger.queue, options.max_concurrent_calls)
         self.connection_name = trigger.connection_name
         self._connection = trigger.connection
         self.many = trigger.many
         self.options = options
-        self._idle_wait = idle_wait
-        self._busy_wait = busy_wait
         self.completed = 0
         self.abandoned = 0
 

@@ -58,21 +58,13 @@ class _Held:
 class SessionQueueRunner(TriggerRunner[_Call]):
     """Feeds one session-enabled queue-triggered function until stopped."""
 
-    def __init__(
-        self,
-        spec: FunctionSpec,
-        settings: Mapping[str, str],
-        options: ServiceBusOptions,
-        *,
-        accept_wait: float = 1.0,
-        poll: float = 0.5,
-    ) -> None:
-        super().__init__(spec, options.max_concurrent_sessions)
+    _accept_wait = 1.0  # how long one accept waits for a session with messages
+    _poll = 0.5  # the slot's tick while a call runs or a session idles (stop, renewal)
+
+    def __init__(self, spec: FunctionSpec, settings: Mapping[str, str], options: ServiceBusOptions) -> None:
         self.trigger = ServiceBusTrigger.of(spec, settings)
-        self.queue = self.trigger.queue
+        super().__init__(spec, self.trigger.queue, options.max_concurrent_sessions)
         self.options = options
-        self._accept_wait = accept_wait  # how long one accept waits for a session with messages
-        self._poll = poll  # the slot's tick while a call runs or a session idles (stop, renewal)
         self._counts = threading.Lock()
         self.completed = 0
         self.abandoned = 0

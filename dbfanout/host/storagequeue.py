@@ -101,8 +101,8 @@ class StorageQueueRunner(TriggerRunner[_Invocation]):
         *,
         lease_seconds: int = LEASE_SECONDS,
     ) -> None:
-        super().__init__(spec, options.max_concurrent_calls)
-        self.queue = resolve_setting(str(spec.trigger.get("queueName", "")), settings, f"{spec.name}.queueName")
+        queue = resolve_setting(str(spec.trigger.get("queueName", "")), settings, f"{spec.name}.queueName")
+        super().__init__(spec, queue, options.max_concurrent_calls)
         self.connection_name = str(spec.trigger.get("connection") or DEFAULT_CONNECTION)
         # Built here (no I/O yet) so a connection without a queue endpoint fails the start, not a thread.
         self._service = queue_service_client(queue_connection(settings, self.connection_name))
