@@ -6,6 +6,7 @@ share the session's Azurite and emulator without seeing each other's state.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from shared.servicebus import QueueSender
 from shared.settings import StorageConnection
 from tests.poller.tick_support import RecordingSink, SourceTable
 from tests.support.azurite import Azurite
+from worker.consumer import settle_received
+from worker.runtime import Worker
 
 TOML = """
 [app]
@@ -166,3 +169,13 @@ def dead_letter(
 def said(result: Result) -> str:
     """What the command printed (stderr then stdout), with rich's line wrapping undone."""
     return " ".join((result.stderr + " " + result.stdout).split())
+
+
+def consume_like_host(bus: ServiceBusClient, queue: str, worker: Worker, done: Any, timeout: float = 60.0) -> None:
+    """Receive and settle like the Functions host until ``done()`` holds."""
+    deadline = time.monotonic() + timeout
+    with bus.get_queue_receiver(queue) as receiver:
+        while not done():
+            assert time.monotonic() < deadline, "the queue did not reach the expected state in time"
+            for message in receiver.receive_messages(max_message_count=20, max_wait_time=0.5):
+                settle_received(receiver, message, worker.process)

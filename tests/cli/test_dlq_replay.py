@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from azure.servicebus import ServiceBusMessage
@@ -11,8 +10,7 @@ from azure.servicebus import ServiceBusMessage
 from dbfanout.ops.bus import peek_all
 from shared.models import HandlerContext, RowChange
 from shared.servicebus import QueueSender
-from tests.cli.conftest import dead_letter, said
-from worker.consumer import settle_received
+from tests.cli.conftest import consume_like_host, dead_letter, said
 from worker.runtime import Worker
 from worker.split import Splitter
 
@@ -38,16 +36,6 @@ def test_replay_all_sends_copies_with_new_ids_then_empties_the_dlq(workspace, bu
     assert workspace.emulator.queue_stats(workspace.queue)["dead_lettered"] == 0
 
 
-def _consume(bus, queue: str, worker, done, timeout: float = 60.0) -> None:
-    """Receive and settle like the Functions host until ``done()`` holds."""
-    deadline = time.monotonic() + timeout
-    with bus.get_queue_receiver(queue) as receiver:
-        while not done():
-            assert time.monotonic() < deadline, "the queue did not reach the expected state in time"
-            for message in receiver.receive_messages(max_message_count=20, max_wait_time=0.5):
-                settle_received(receiver, message, worker.process)
-
-
 def test_replay_inside_the_duplicate_detection_window_redelivers_and_the_fixed_handler_succeeds(workspace, bus):
     # Given rows whose messages a broken handler drove into the DLQ (retries, split, then DLQ)
     workspace.source.upsert([1, 2, 3])
@@ -69,7 +57,7 @@ def test_replay_inside_the_duplicate_detection_window_redelivers_and_the_fixed_h
         counts: dict[str, int] = workspace.emulator.queue_stats(workspace.queue)
         return counts
 
-    _consume(bus, workspace.queue, worker, lambda: stats()["dead_lettered"] == 3 and stats()["messages"] == 0)
+    consume_like_host(bus, workspace.queue, worker, lambda: stats()["dead_lettered"] == 3 and stats()["messages"] == 0)
     originals = [v.message_id for v in peek_all(bus, workspace.queue)]
     # (a re-send with an original id is dropped: we are inside the duplicate-detection window)
     with bus.get_queue_sender(workspace.queue) as sender:
@@ -81,7 +69,7 @@ def test_replay_inside_the_duplicate_detection_window_redelivers_and_the_fixed_h
     # Then the copies are delivered (new ids), the handler succeeds for every row, the DLQ is empty
     assert result.exit_code == 0, result.output + result.stderr
     assert stats()["dead_lettered"] == 0
-    _consume(bus, workspace.queue, worker, lambda: sorted(handled) == [1, 2, 3])
+    consume_like_host(bus, workspace.queue, worker, lambda: sorted(handled) == [1, 2, 3])
     assert stats()["messages"] == 0 and stats()["dead_lettered"] == 0
     for sender in senders.values():
         sender.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from shared.claimcheck import is_claim, open_claim_check
 from shared.codec import decode_batch
 from shared.models import HandlerContext, RowChange
 from shared.servicebus import QueueSender
-from worker.consumer import settle_received
+from tests.cli.conftest import consume_like_host
 from worker.runtime import Worker
 from worker.split import Splitter
 
@@ -48,7 +47,7 @@ def test_replay_resolves_the_claim_of_a_dead_lettered_oversize_row(workspace: An
         counts: dict[str, int] = workspace.emulator.queue_stats(workspace.queue)
         return counts
 
-    _consume(bus, workspace.queue, worker, lambda: stats()["dead_lettered"] == 2 and stats()["messages"] == 0)
+    consume_like_host(bus, workspace.queue, worker, lambda: stats()["dead_lettered"] == 2 and stats()["messages"] == 0)
     with bus.get_queue_receiver(workspace.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         dead = [decode_batch(b"".join(m.body)) for m in dlq.peek_messages(max_message_count=10)]
     assert sorted(is_claim(b.events[0]) for b in dead) == [False, True]  # the DLQ holds the reference
@@ -57,18 +56,8 @@ def test_replay_resolves_the_claim_of_a_dead_lettered_oversize_row(workspace: An
     result = workspace.run("dlq", "replay", workspace.queue, "--all", "--yes")
     assert result.exit_code == 0, result.output + result.stderr
     # Then the replayed reference is resolved: the handler gets the 1 MB row whole
-    _consume(bus, workspace.queue, worker, lambda: len(handled) == 2)
+    consume_like_host(bus, workspace.queue, worker, lambda: len(handled) == 2)
     assert handled == {1: "x", 2: BIG}
     assert stats()["messages"] == 0 and stats()["dead_lettered"] == 0
     for sender in senders.values():
         sender.close()
-
-
-def _consume(bus: ServiceBusClient, queue: str, worker: Worker, done: Any, timeout: float = 60.0) -> None:
-    """Receive and settle like the Functions host until ``done()`` holds."""
-    deadline = time.monotonic() + timeout
-    with bus.get_queue_receiver(queue) as receiver:
-        while not done():
-            assert time.monotonic() < deadline, "the queue did not reach the expected state in time"
-            for message in receiver.receive_messages(max_message_count=20, max_wait_time=0.5):
-                settle_received(receiver, message, worker.process)
