@@ -21,6 +21,7 @@ __all__ = [
     "AppConfig",
     "Config",
     "PollerConfig",
+    "SubscriptionConfig",
     "config_path",
     "load_config",
     "missing_setting_error",
@@ -33,6 +34,8 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# Service Bus subscription names: 1-50 letters, digits, '.', '-', '_', starting and ending alphanumeric.
+_SUBSCRIPTION = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,48}[A-Za-z0-9])?$")
 
 Transport = Literal["servicebus", "storage-queue"]
 NullCursorPolicy = Literal["skip", "fail"]
@@ -55,6 +58,19 @@ class AppConfig:
     @property
     def storage_queue_connection(self) -> str:
         return self.queue_connection or self.state_connection
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionConfig:
+    """One subscription of a topic poller: its own handler, filter, retries and dead-letter queue."""
+
+    name: str
+    handler: str
+    # A Service Bus SQL filter over the message's properties (e.g. ``[dbfanout-event-count] > 1``);
+    # None: every message of the poller. shared.topology.subscription_rule adds the replay target.
+    filter: str | None = None
+    max_delivery_count: int | None = None
+    cardinality: Literal["one", "many"] = "one"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +120,10 @@ class PollerConfig:
     tables: tuple[str, ...] = ()
     slot: str | None = None
     publication: str | None = None
+    # Topic fan-out: ``topic = "orders"`` instead of ``queue``; ``queue`` then holds the same name
+    # (the entity the poller sends to) and ``subscriptions`` each name a handler.
+    topic: str | None = None
+    subscriptions: Mapping[str, SubscriptionConfig] = field(default_factory=dict)
 
     # Not a config key: app settings ``source_url`` names that were not set when the config was
     # loaded leniently (as function_app.py does, so one poller's missing setting cannot unindex the
@@ -121,6 +141,29 @@ class PollerConfig:
         if self.max_delivery_count:
             return self.max_delivery_count
         return 5 if self.transport == "storage-queue" else 10
+
+    @property
+    def is_topic(self) -> bool:
+        """Whether this poller sends to a topic (one subscription per handler) rather than a queue."""
+        return self.topic is not None
+
+    def subscription(self, name: str) -> SubscriptionConfig:
+        """The subscription ``name`` of this topic poller (a :class:`ConfigError` if there is none)."""
+        try:
+            return self.subscriptions[name]
+        except KeyError:
+            known = ", ".join(sorted(self.subscriptions)) or "none"
+            raise ConfigError(
+                f"pollers.{self.name}.subscriptions.{name}", f"no such subscription (configured: {known})"
+            ) from None
+
+    def deliveries_for(self, subscription: str | None) -> int:
+        """The MaxDeliveryCount of the subscription (topic pollers) or of the queue."""
+        if subscription is not None:
+            sub = self.subscription(subscription)
+            if sub.max_delivery_count:
+                return sub.max_delivery_count
+        return self.deliveries
 
     @property
     def time_budget_seconds(self) -> float:
@@ -143,11 +186,16 @@ class Config:
             raise ConfigError(f"pollers.{name}", f"no such poller (configured: {known})") from None
 
     def queues(self) -> dict[str, list[PollerConfig]]:
-        """Pollers grouped by queue name."""
+        """Pollers grouped by queue name (topic pollers are not listed: see :meth:`topics`)."""
         grouped: dict[str, list[PollerConfig]] = {}
         for p in self.pollers.values():
-            grouped.setdefault(p.queue, []).append(p)
+            if not p.is_topic:
+                grouped.setdefault(p.queue, []).append(p)
         return grouped
+
+    def topics(self) -> dict[str, PollerConfig]:
+        """Topic name → the one poller that sends to it."""
+        return {p.queue: p for p in self.pollers.values() if p.is_topic}
 
 
 def config_path(settings: Settings, app_root: Path | None = None, explicit: str | Path | None = None) -> Path:
@@ -206,6 +254,7 @@ def parse_config(
         raise ConfigError("pollers", "no pollers configured", hint="add a [pollers.NAME] table")
     pollers = {name: _poller(name, raw, settings, lenient_settings) for name, raw in pollers_raw.items()}
     _check_outbox_pruning(pollers)
+    _check_topics(pollers)
     return Config(app=app, pollers=pollers, path=path, settings=dict(settings))
 
 
@@ -226,6 +275,24 @@ def _check_outbox_pruning(pollers: Mapping[str, PollerConfig]) -> None:
                 hint="remove outbox_retention_seconds from every poller of this outbox and prune by the "
                 "oldest checkpoint yourself (docs/outbox.md)",
             )
+
+
+def _check_topics(pollers: Mapping[str, PollerConfig]) -> None:
+    """A topic belongs to one poller, and no name is both a queue and a topic."""
+    owners: dict[str, str] = {}
+    queues = {p.queue for p in pollers.values() if not p.is_topic}
+    for p in pollers.values():
+        if not p.is_topic:
+            continue
+        if p.queue in owners:
+            raise ConfigError(
+                f"pollers.{p.name}.topic",
+                f"topic {p.queue} is already the topic of poller {owners[p.queue]}",
+                hint="give each poller its own topic (its subscriptions are that poller's handlers)",
+            )
+        if p.queue in queues:
+            raise ConfigError(f"pollers.{p.name}.topic", f"{p.queue} is also a poller's queue: pick another name")
+        owners[p.queue] = p.name
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,15 +389,15 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
     source_url = _str(raw, prefix, "source_url", None)
     if source_url is None:
         raise ConfigError(f"{prefix}.source_url", "is required", hint='source_url = "${ORDERS_DB_URL}"')
-    queue = _str(raw, prefix, "queue", None)
-    if queue is None or not _QUEUE.match(queue):
-        raise ConfigError(f"{prefix}.queue", f"must be a Service Bus queue name (got {queue!r})")
+    queue, topic = _entity(raw, prefix)
     cursor = _str(raw, prefix, "cursor", None)
     if cursor is None:
         raise ConfigError(f"{prefix}.cursor", "is required", hint='cursor = "updated_at"')
     handler = _str(raw, prefix, "handler", None)
     if handler is not None and not _HANDLER.match(handler):
         raise ConfigError(f"{prefix}.handler", f"must be module:function (got {handler!r})")
+    cardinality = _choice(raw, prefix, "cardinality", "one", ("one", "many"))
+    subscriptions = _subscriptions(raw, prefix, topic, handler, cardinality)
     schedule = _str(raw, prefix, "schedule", "*/5 * * * * *")
     if not schedule.startswith("%") and len(schedule.split()) != 6:
         raise ConfigError(
@@ -366,7 +433,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         oversize_policy=_choice(raw, prefix, "oversize_policy", "error", ("error", "claim-check")),
         split_after_deliveries=_int(raw, prefix, "split_after_deliveries", 2, 1, 1000),
         max_delivery_count=_int(raw, prefix, "max_delivery_count", 0, 0, 2000) or None,
-        cardinality=_choice(raw, prefix, "cardinality", "one", ("one", "many")),
+        cardinality=cardinality,
         use_monitor=bool(raw.get("use_monitor", True)),
         sessions=bool(raw.get("sessions", False)),
         max_uncommitted_batches=_int(raw, prefix, "max_uncommitted_batches", 16, 1, 64),
@@ -375,7 +442,73 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         tables=tuple(raw.get("tables", ())),
         slot=raw.get("slot"),
         publication=raw.get("publication"),
+        topic=topic,
+        subscriptions=subscriptions,
     )
+
+
+def _entity(raw: Mapping[str, Any], prefix: str) -> tuple[str, str | None]:
+    """``(name, topic)``: exactly one of ``queue`` and ``topic``; topics are Service Bus only."""
+    queue, topic = _str(raw, prefix, "queue", None), _str(raw, prefix, "topic", None)
+    if queue is not None and topic is not None:
+        raise ConfigError(f"{prefix}.topic", "set exactly one of queue or topic")
+    if topic is not None:
+        if not _QUEUE.match(topic):
+            raise ConfigError(f"{prefix}.topic", f"must be a Service Bus topic name (got {topic!r})")
+        if raw.get("transport", "servicebus") != "servicebus":
+            raise ConfigError(f"{prefix}.transport", "topics are a Service Bus feature: remove transport or use queue")
+        return topic, topic
+    if queue is None or not _QUEUE.match(queue):
+        raise ConfigError(
+            f"{prefix}.queue", f"must be a Service Bus queue name (got {queue!r})", hint="or topic = NAME"
+        )
+    if "subscriptions" in raw:
+        raise ConfigError(
+            f"{prefix}.subscriptions", "subscriptions need a topic", hint='topic = "orders" instead of queue'
+        )
+    return queue, None
+
+
+def _subscriptions(
+    raw: Mapping[str, Any], prefix: str, topic: str | None, handler: str | None, cardinality: str
+) -> dict[str, SubscriptionConfig]:
+    """A topic poller's ``[pollers.X.subscriptions.NAME]`` tables (each names its own handler)."""
+    if topic is None:
+        return {}
+    if handler is not None:
+        raise ConfigError(
+            f"{prefix}.handler",
+            "a topic poller has no handler of its own: each subscription names its handler",
+            hint=f'[{prefix}.subscriptions.NAME] with handler = "module:function"',
+        )
+    table = raw.get("subscriptions")
+    if not isinstance(table, Mapping) or not table:
+        raise ConfigError(
+            f"{prefix}.subscriptions",
+            "a topic poller needs at least one subscription",
+            hint=f'[{prefix}.subscriptions.search] with handler = "handlers.search:handle"',
+        )
+    subs: dict[str, SubscriptionConfig] = {}
+    for name, sub_raw in table.items():
+        key = f"{prefix}.subscriptions.{name}"
+        if not _SUBSCRIPTION.match(name):
+            raise ConfigError(
+                key, "subscription names are 1-50 letters, digits, '.', '-' or '_', alphanumeric at both ends"
+            )
+        if not isinstance(sub_raw, Mapping):
+            raise ConfigError(key, "must be a table")
+        _reject_unknown(sub_raw, key, set(SubscriptionConfig.__dataclass_fields__) - {"name"})
+        sub_handler = _str(sub_raw, key, "handler", None)
+        if sub_handler is None or not _HANDLER.match(sub_handler):
+            raise ConfigError(f"{key}.handler", f"must be module:function (got {sub_handler!r})")
+        subs[name] = SubscriptionConfig(
+            name=name,
+            handler=sub_handler,
+            filter=_str(sub_raw, key, "filter", None),
+            max_delivery_count=_int(sub_raw, key, "max_delivery_count", 0, 0, 2000) or None,
+            cardinality=_choice(sub_raw, key, "cardinality", cardinality, ("one", "many")),
+        )
+    return subs
 
 
 def _outbox_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:

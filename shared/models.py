@@ -160,3 +160,5 @@ class HandlerContext:
     enqueued_time: dt.datetime | None
     batch_id: str | None = None
     application_properties: Mapping[str, Any] = field(default_factory=dict)
+    # The topic subscription this message was received on (topic pollers); None for a queue.
+    subscription: str | None = None
