@@ -1,7 +1,8 @@
-"""``dbfanout dlq peek|export|replay|purge QUEUE``: the poison quarantine, inspected and emptied safely.
+"""``dbfanout dlq peek|export|replay|purge ENTITY``: the poison quarantine, inspected and emptied safely.
 
-QUEUE is a Service Bus queue (its ``$DeadLetterQueue``) or, for a poller with
-``transport = "storage-queue"``, its queue or ``<queue>-poison`` (see :mod:`dbfanout.ops.poison`).
+ENTITY is a Service Bus queue (its ``$DeadLetterQueue``), ``TOPIC/SUBSCRIPTION`` of a topic poller
+(that subscription's ``$DeadLetterQueue``; a configured queue of that name wins) or, for a poller
+with ``transport = "storage-queue"``, its queue or ``<queue>-poison`` (see :mod:`dbfanout.ops.poison`).
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ from dbfanout.commands.common import (
 )
 from dbfanout.ops import dlq as ops
 from dbfanout.ops import poison as poison_ops
-from dbfanout.ops.bus import MessageView, bus_client
+from dbfanout.ops.bus import Entity, MessageView, bus_client, resolve_entity
 from dbfanout.ops.replay import ReplayReport, Selection, replay
 from dbfanout.ops.timeparse import parse_duration, parse_since
 
 QueueArg = Annotated[
     str,
     typer.Argument(
-        help="The queue whose dead-letter queue to use (QUEUE/$DeadLetterQueue), or a storage-queue poller's "
-        "queue (its QUEUE-poison queue)"
+        metavar="ENTITY",
+        help="The queue whose dead-letter queue to use (QUEUE/$DeadLetterQueue); TOPIC/SUBSCRIPTION for one "
+        "subscription of a topic poller (its own dead-letter queue); or a storage-queue poller's queue (its "
+        "QUEUE-poison queue)",
     ),
 ]
 HoldOption = Annotated[
@@ -65,7 +68,8 @@ def register(app: typer.Typer) -> None:
     mount_group(
         app,
         "dlq",
-        "Inspect, export, replay and purge a queue's dead-letter queue.",
+        "Inspect, export, replay and purge the dead-letter queue of a queue or of one topic subscription "
+        "(TOPIC/SUBSCRIPTION).",
         {"peek": peek_command, "export": export_command, "replay": replay_command, "purge": purge_command},
     )
 
@@ -77,6 +81,12 @@ def _since(text: str | None) -> dt.datetime | None:
         return parse_since(text)
     except ValueError as exc:
         fail(f"--since: {exc}", EXIT_USAGE)
+
+
+def _entity(config_path: Path | None, name: str) -> Entity:
+    """The queue or ``TOPIC/SUBSCRIPTION`` the operator named (checked against the config)."""
+    with reporting_errors():
+        return resolve_entity(load(config_path), name)
 
 
 @contextmanager
@@ -108,7 +118,7 @@ def peek_command(
     json_out: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """List dead-lettered (or poison-queue) messages (nothing is locked or changed)."""
+    """List dead-lettered (or poison-queue) messages of a queue or TOPIC/SUBSCRIPTION (nothing is locked or changed)."""
     selection = Selection(reason=reason, since=_since(since))
     with _poison(config, queue, poison_ops.DEFAULT_HOLD_SECONDS) as poison:
         if poison is not None:
@@ -116,9 +126,10 @@ def peek_command(
                 views = poison.peek(selection, limit)
             _print_peek(views, poison.name, json_out, poison=True)
             return
+    entity = _entity(config, queue)
     with _client(config) as client, reporting_errors():
-        views = ops.peek(client, queue, selection, limit)
-    _print_peek(views, f"{queue}/$DeadLetterQueue", json_out)
+        views = ops.peek(client, entity, selection, limit)
+    _print_peek(views, entity.dlq_label, json_out)
 
 
 def _print_peek(views: list[MessageView], title: str, json_out: bool, *, poison: bool = False) -> None:
@@ -156,7 +167,7 @@ def export_command(
     config: ConfigOption = None,
     hold: HoldOption = poison_ops.DEFAULT_HOLD_SECONDS,
 ) -> None:
-    """Write dead-lettered messages (bodies and properties) to a JSONL file, for audit or repair."""
+    """Write dead-lettered messages of a queue or TOPIC/SUBSCRIPTION (bodies and properties) to a JSONL file."""
     selection = Selection(reason=reason, since=_since(since))
     with _poison(config, queue, hold) as poison:
         if poison is not None:
@@ -164,9 +175,10 @@ def export_command(
                 count = poison.export(out, selection)
             source = poison.name
     if poison is None:
+        entity = _entity(config, queue)
         with _client(config) as client, reporting_errors():
-            count = ops.export(client, queue, out, selection)
-        source = f"{queue}/$DeadLetterQueue"
+            count = ops.export(client, entity, out, selection)
+        source = entity.dlq_label
     if json_out:
         print_json({"queue": queue, "out": str(out), "exported": count})
     else:
@@ -181,7 +193,14 @@ def replay_command(
     ] = None,
     reason: ReasonOption = None,
     since: SinceOption = None,
-    to: Annotated[str | None, typer.Option("--to", help="Send the copies here (default: QUEUE itself)")] = None,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            help="Send the copies to this queue (default: QUEUE itself). Not for TOPIC/SUBSCRIPTION: its copies "
+            "always go to the topic, addressed to that subscription only",
+        ),
+    ] = None,
     from_file: Annotated[
         Path | None, typer.Option("--from-file", help="Replay with the bodies of an (edited) dlq export file")
     ] = None,
@@ -194,7 +213,11 @@ def replay_command(
     config: ConfigOption = None,
     hold: HoldOption = poison_ops.DEFAULT_HOLD_SECONDS,
 ) -> None:
-    """Send each selected message again (new message id), then remove it from the DLQ — in that order."""
+    """Send each selected message again (new message id), then remove it from the DLQ — in that order.
+
+    TOPIC/SUBSCRIPTION: each copy is sent to TOPIC with the property dbfanout-to = SUBSCRIPTION, so
+    only that subscription receives it; the topic's other subscriptions never see a replay.
+    """
     with _poison(config, queue, hold) as poison:
         if poison is not None:
             if sequence:
@@ -205,6 +228,14 @@ def replay_command(
             return
     if message_id:
         fail("--id is for storage-queue poison queues", EXIT_USAGE, "use --sequence N for a Service Bus DLQ")
+    entity = _entity(config, queue)
+    if entity.is_subscription and to is not None:
+        fail(
+            f"--to: the dead letters of {entity.label} are replayed into that subscription only (through "
+            f"topic {entity.name}, addressed with dbfanout-to = {entity.subscription})",
+            EXIT_USAGE,
+            "drop --to; to send them anywhere else, `dlq export` them and send the bodies yourself",
+        )
     bodies = _read_file(from_file) if from_file else None
     selection = Selection(
         everything=all_ or bodies is not None, sequences=frozenset(sequence or ()), reason=reason, since=_since(since)
@@ -215,11 +246,13 @@ def replay_command(
             EXIT_USAGE,
             "use --all, --sequence N, --reason R, --since T or --from-file F",
         )
-    target = to or queue
+    target = to or entity.label
+    if entity.is_subscription:
+        target = f"topic {entity.name} for subscription {entity.subscription} only"
     if not dry_run:
-        confirm_or_refuse(yes, f"Replay the selected messages of {queue}/$DeadLetterQueue into {target}?")
+        confirm_or_refuse(yes, f"Replay the selected messages of {entity.dlq_label} into {target}?")
     with _client(config) as client, reporting_errors(), progress_bar("replaying", enabled=not json_out) as advance:
-        report = replay(client, queue, selection, target=to, dry_run=dry_run, bodies=bodies, progress=advance)
+        report = replay(client, entity, selection, target=to, dry_run=dry_run, bodies=bodies, progress=advance)
     _print_report(report, json_out)
     if not report.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
@@ -323,7 +356,7 @@ def purge_command(
     config: ConfigOption = None,
     hold: HoldOption = poison_ops.DEFAULT_HOLD_SECONDS,
 ) -> None:
-    """Delete dead-lettered messages for good (export them first if you may need them)."""
+    """Delete dead-lettered messages of a queue or TOPIC/SUBSCRIPTION for good (export them first if needed)."""
     age = None
     if older_than is not None:
         try:
@@ -331,9 +364,10 @@ def purge_command(
         except ValueError as exc:
             fail(f"--older-than: {exc}", EXIT_USAGE)
     what = f"older than {older_than}" if older_than else "ALL"
+    entity = _entity(config, queue)  # a storage-queue poller's queue resolves to itself
     if not dry_run:
-        confirm_or_refuse(yes, f"Delete {what} dead-lettered messages of {queue} for good?", always_refuse=True)
-    source = f"{queue}/$DeadLetterQueue"
+        confirm_or_refuse(yes, f"Delete {what} dead-lettered messages of {entity.label} for good?", always_refuse=True)
+    source = entity.dlq_label
     with _poison(config, queue, hold) as poison:
         if poison is not None:
             source = poison.name
@@ -342,7 +376,7 @@ def purge_command(
     if poison is None:
         purge: Callable[..., dict[str, Any]] = ops.purge
         with _client(config) as client, reporting_errors(), progress_bar("purging", enabled=not json_out) as advance:
-            result = purge(client, queue, age, dry_run=dry_run, progress=advance)
+            result = purge(client, entity, age, dry_run=dry_run, progress=advance)
     if json_out:
         print_json(result)
     else:

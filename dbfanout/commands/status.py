@@ -1,4 +1,8 @@
-"""``dbfanout status [POLLER] [--json] [--watch]``: checkpoint, lease, fingerprint, lag, queue depth."""
+"""``dbfanout status [POLLER] [--json] [--watch]``: checkpoint, lease, fingerprint, lag, queue depth.
+
+A topic poller's row also has ``topic`` and ``subscriptions``: ``[{"name", "active", "dead_letter"}]``,
+one per configured subscription; its ``queue_depth`` is their sum.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from dbfanout.commands.common import (
     reporting_errors,
 )
 from dbfanout.ops.bus import bus_client
-from dbfanout.ops.status import poller_status, queue_depth, storage_queue_depth
+from dbfanout.ops.status import poller_status, queue_depth, storage_queue_depth, topic_depth
 from shared.codec import dumps
 from shared.config import Config
 
@@ -30,7 +34,7 @@ def register(app: typer.Typer) -> None:
 
 
 def collect(config: Config, only: str | None) -> list[dict[str, Any]]:
-    """Status of the named poller, or of every configured one, with its queue's depth."""
+    """Status of the named poller, or of every configured one, with its queue's (or subscriptions') depth."""
     names = [only] if only else sorted(config.pollers)
     now = dt.datetime.now(dt.UTC)
     rows = [poller_status(config, name, now) for name in names]
@@ -46,12 +50,17 @@ def collect(config: Config, only: str | None) -> list[dict[str, Any]]:
         with bus_client(config) as client:
             for row in bus_rows:
                 queue = row["queue"]
+                if "topic" in row:
+                    row.update(topic_depth(config, client, config.pollers[row["poller"]]))
+                    continue
                 if queue not in depths:
                     depths[queue] = queue_depth(config, client, queue)
                 row["queue_depth"] = depths[queue]
     except Exception as exc:  # no Service Bus setting, or unreachable: show the rest
         for row in bus_rows:
             row["queue_depth"] = {"queue": row["queue"], "error": f"{type(exc).__name__}: {exc}"}
+            if "topic" in row:
+                row.setdefault("subscriptions", [])
     return rows
 
 
@@ -90,6 +99,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         lag = f"{_text(src.get('lag'))} ({_text(src.get('pending_rows'))} pending)" if src else "-"
         active = depth.get("active_unknown") or f"{_text(depth.get('active'))} active"
         queue = f"{depth['queue']}: {active}, {_text(depth.get('dead_lettered'))} DLQ"
+        if "topic" in row:
+            queue = _subscription_lines(row)
         problems = "; ".join(str(row[k]) for k in ("state", "state_error", "source_error") if k in row)
         problems += f"; {depth['error']}" if "error" in depth else ""
         table.add_row(
@@ -103,6 +114,15 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             problems or "-",
         )
     return table
+
+
+def _subscription_lines(row: dict[str, Any]) -> str:
+    """A topic poller's queue cell: the topic, then one line per subscription."""
+    lines = [f"{row['topic']} (topic)"]
+    for sub in row.get("subscriptions", []):
+        active = "active n/a (sessions)" if sub.get("active_unknown") else f"{_text(sub.get('active'))} active"
+        lines.append(f"  {sub['name']}: {active}, {_text(sub.get('dead_letter'))} DLQ")
+    return "\n".join(lines)
 
 
 def status_command(

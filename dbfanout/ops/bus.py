@@ -1,5 +1,8 @@
 """Service Bus for operators: clients from the config, message views, bounded peeks, queue facts.
 
+An operator names where messages wait as an :class:`Entity`: a queue, or one subscription of a
+topic poller (``TOPIC/SUBSCRIPTION``, see :func:`resolve_entity`).
+
 Application property keys and values come back from AMQP as bytes; :func:`props_of` turns them
 into ``str`` so they print, compare and export as JSON.
 """
@@ -9,33 +12,46 @@ from __future__ import annotations
 import base64
 import datetime as dt
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
+from azure.servicebus import (
+    ServiceBusClient,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiver,
+    ServiceBusSender,
+    ServiceBusSubQueue,
+)
 from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
 
 from shared.codec import loads
 from shared.config import Config
-from shared.errors import EnqueueError, SerializationError
+from shared.errors import ConfigError, EnqueueError, SerializationError
 from shared.messages import PROP_EVENT_COUNT, PROP_POLLER
 from shared.servicebus import bus_errors, servicebus_client
 from shared.settings import servicebus_connection
+from shared.topology import parse_entity
 
 __all__ = [
     "DLQ_DESCRIPTION",
     "DLQ_REASON",
     "SESSION_QUEUE_ACTIVE",
+    "Entity",
     "MessageView",
     "QueueProbe",
+    "as_entity",
     "bus_client",
+    "entity_errors",
     "is_emulator",
     "peek_all",
     "peek_receiver",
     "probe_queue",
+    "probe_topic",
     "props_of",
     "queue_exists",
     "refuses_non_session",
+    "resolve_entity",
 ]
 
 DLQ_REASON = "DeadLetterReason"
@@ -45,6 +61,89 @@ PEEK_PAGE = 100
 # an entity that requires sessions to create a non-sessionful message receiver." (amqp:not-allowed)
 _SESSION_REFUSALS = ("requires sessions", "non-sessionful")
 SESSION_QUEUE_ACTIVE = "n/a: session queue (peeking it needs a session lock, which would take one from a worker)"
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    """Where messages wait: a queue (``subscription`` None) or one subscription of a topic.
+
+    ``name`` is the queue or the topic. Operators name it ``queue`` or ``topic/subscription``.
+    """
+
+    name: str
+    subscription: str | None = None
+
+    @property
+    def is_subscription(self) -> bool:
+        return self.subscription is not None
+
+    @property
+    def label(self) -> str:
+        """``queue`` or ``topic/subscription``."""
+        return f"{self.name}/{self.subscription}" if self.subscription is not None else self.name
+
+    @property
+    def dlq_label(self) -> str:
+        """Its dead-letter queue, as operators read it: ``queue/$DeadLetterQueue``, ``topic/sub/$DeadLetterQueue``."""
+        return f"{self.label}/$DeadLetterQueue"
+
+    def receiver(self, client: ServiceBusClient, **kwargs: Any) -> ServiceBusReceiver:
+        """A receiver of the queue or the subscription (``sub_queue=`` for the DLQ)."""
+        if self.subscription is not None:
+            return client.get_subscription_receiver(self.name, self.subscription, **kwargs)
+        return client.get_queue_receiver(self.name, **kwargs)
+
+    def sender(self, client: ServiceBusClient) -> ServiceBusSender:
+        """Where copies go: the queue, or the topic (copies then carry ``dbfanout-to``: the subscription)."""
+        if self.subscription is not None:
+            return client.get_topic_sender(self.name)
+        return client.get_queue_sender(self.name)
+
+
+def as_entity(entity: str | Entity) -> Entity:
+    """A queue name stays a queue (the ops functions take either)."""
+    return entity if isinstance(entity, Entity) else Entity(entity)
+
+
+def resolve_entity(config: Config, text: str) -> Entity:
+    """What ``dbfanout dlq ... ENTITY`` names: a configured queue first (queue names may hold ``/``),
+    then ``TOPIC/SUBSCRIPTION`` of a topic poller, else a queue as given (an unconfigured queue
+    works as it always did).
+
+    Raises :class:`ConfigError` for an unknown subscription of a configured topic (naming the
+    configured ones), and for a bare topic name (a topic has no dead-letter queue of its own).
+    """
+    if text in config.queues():
+        return Entity(text)
+    topics = config.topics()
+    topic, subscription = parse_entity(text)
+    if subscription is not None and topic in topics:
+        poller = topics[topic]
+        poller.subscription(subscription)  # ConfigError naming the configured subscriptions
+        return Entity(topic, subscription)
+    if text in topics:
+        names = ", ".join(f"{text}/{s}" for s in sorted(topics[text].subscriptions))
+        raise ConfigError(
+            f"pollers.{topics[text].name}.topic",
+            f"{text} is a topic: each of its subscriptions has its own dead-letter queue",
+            hint=f"name one: {names}",
+        )
+    return Entity(text)
+
+
+@contextmanager
+def entity_errors(op: str, entity: Entity) -> Iterator[None]:
+    """:func:`shared.servicebus.bus_errors`, naming a missing subscription as a subscription."""
+    try:
+        with bus_errors(op, entity.label):
+            yield
+    except EnqueueError as exc:
+        if entity.subscription is None or not isinstance(exc.__cause__, MessagingEntityNotFoundError):
+            raise
+        raise EnqueueError(
+            f"{op}: subscription {entity.label} does not exist",
+            hint="create it (infra/ does, one per configured subscription) or fix the poller's subscriptions",
+        ) from exc.__cause__
 
 
 def bus_client(config: Config) -> ServiceBusClient:
@@ -159,11 +258,12 @@ class MessageView:
 
 
 def peek_all(
-    client: ServiceBusClient, queue: str, *, dead_letter: bool = True, limit: int | None = None
+    client: ServiceBusClient, queue: str | Entity, *, dead_letter: bool = True, limit: int | None = None
 ) -> Iterator[MessageView]:
-    """Peek (no locks, nothing changes) in sequence order, at most ``limit`` messages."""
+    """Peek (no locks, nothing changes) a queue or subscription in sequence order, at most ``limit`` messages."""
+    entity = as_entity(queue)
     sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
-    with bus_errors("peek", queue), client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver:
+    with entity_errors("peek", entity), entity.receiver(client, sub_queue=sub_queue) as receiver:
         yield from peek_receiver(receiver, limit)
 
 
@@ -206,14 +306,15 @@ class QueueProbe:
     error: str | None = None
 
 
-def probe_queue(client: ServiceBusClient, queue: str) -> QueueProbe:
-    """Peek one message with a non-session receiver (nothing is locked, nothing changes).
+def probe_queue(client: ServiceBusClient, queue: str | Entity) -> QueueProbe:
+    """Peek one message of a queue or subscription with a non-session receiver (nothing is locked,
+    nothing changes).
 
     A session-enabled queue refuses that receiver, and the refusal itself proves it exists. A
     session receiver is not tried: it would lock a session (a worker's, or an empty one).
     """
     try:
-        with client.get_queue_receiver(queue) as receiver:
+        with as_entity(queue).receiver(client) as receiver:
             receiver.peek_messages(max_message_count=1)
         return QueueProbe(True, requires_session=False)
     except MessagingEntityNotFoundError:
@@ -221,6 +322,19 @@ def probe_queue(client: ServiceBusClient, queue: str) -> QueueProbe:
     except (ServiceBusError, OSError, EnqueueError) as exc:
         if refuses_non_session(exc):
             return QueueProbe(True, requires_session=True)
+        return QueueProbe(None, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+
+
+def probe_topic(client: ServiceBusClient, topic: str) -> QueueProbe:
+    """Whether a topic exists, with Send rights only: open a sender and ask for a batch (which
+    needs the link's max message size), sending nothing."""
+    try:
+        with client.get_topic_sender(topic) as sender:
+            sender.create_message_batch()
+        return QueueProbe(True)
+    except MessagingEntityNotFoundError:
+        return QueueProbe(False)
+    except (ServiceBusError, OSError, EnqueueError) as exc:
         return QueueProbe(None, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
 
 

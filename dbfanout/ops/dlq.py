@@ -1,4 +1,8 @@
-"""Dead-letter queue: peek (filtered), export to JSONL, purge, and reading an export back."""
+"""Dead-letter queue: peek (filtered), export to JSONL, purge, and reading an export back.
+
+Each function takes a queue name or an :class:`~dbfanout.ops.bus.Entity` (a queue, or one
+subscription of a topic: its own ``$DeadLetterQueue``).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any, TypeVar
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusSubQueue
 from azure.servicebus.exceptions import ServiceBusError
 
-from dbfanout.ops.bus import MessageView, peek_all, peek_receiver
+from dbfanout.ops.bus import Entity, MessageView, as_entity, peek_all, peek_receiver
 from dbfanout.ops.replay import Progress, Selection, each_selected
 from shared.codec import dumps, loads
 from shared.errors import SerializationError
@@ -24,7 +28,7 @@ K = TypeVar("K", int, str)
 log = get_logger("cli.dlq")
 
 
-def peek(client: ServiceBusClient, queue: str, selection: Selection, limit: int | None) -> list[MessageView]:
+def peek(client: ServiceBusClient, queue: str | Entity, selection: Selection, limit: int | None) -> list[MessageView]:
     """Dead-lettered messages matching ``selection`` (all when empty), at most ``limit``."""
     out: list[MessageView] = []
     for view in peek_all(client, queue):
@@ -35,7 +39,7 @@ def peek(client: ServiceBusClient, queue: str, selection: Selection, limit: int 
     return out
 
 
-def export(client: ServiceBusClient, queue: str, out: Path, selection: Selection) -> int:
+def export(client: ServiceBusClient, queue: str | Entity, out: Path, selection: Selection) -> int:
     """Write every matching dead-lettered message as one JSON line (bodies and properties); returns the count.
 
     Written to a temporary file first and renamed, so a failed export never leaves half a file.
@@ -91,7 +95,7 @@ def purge_start(
 
 def purge(
     client: ServiceBusClient,
-    queue: str,
+    queue: str | Entity,
     older_than: dt.timedelta | None,
     *,
     dry_run: bool = False,
@@ -99,9 +103,10 @@ def purge(
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
 ) -> dict[str, Any]:
     """Complete (delete) dead-lettered messages, all or those enqueued more than ``older_than`` ago."""
-    old, result = purge_start(queue, older_than, dry_run, now)
+    entity = as_entity(queue)
+    old, result = purge_start(entity.label, older_than, dry_run, now)
     purged: list[int] = []
-    with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+    with entity.receiver(client, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
         views = [v for v in peek_receiver(receiver) if old(v)]
         pending = {v.sequence_number for v in views}
         result["selected"] = len(views)
@@ -115,7 +120,7 @@ def purge(
                 log.warning("purge: could not complete %s: %s", message.sequence_number, exc)
                 return True
             purged.append(int(message.sequence_number or 0))
-            log.info("purged", extra=ids(queue=queue, sequence_number=message.sequence_number))
+            log.info("purged", extra=ids(queue=entity.label, sequence_number=message.sequence_number))
             return True
 
         each_selected(receiver, pending, act, progress)

@@ -14,6 +14,12 @@ chain and ``n`` the replay count. The id is deterministic on purpose: re-running
 was killed after step 1 sends the same id again, which duplicate detection drops inside its
 window, while a repaired body (``--from-file``) or a later generation gets a fresh id.
 Provenance travels in application properties (``dbfanout-replay-*``).
+
+A subscription's DLQ (``TOPIC/SUB``) is replayed into the TOPIC, each copy addressed to SUB alone
+by the application property ``dbfanout-to`` (:data:`shared.topology.PROP_TARGET`): SUB's rule lets
+it in, every other subscription's rule keeps it out. Its id also depends on SUB, because the topic's
+duplicate detection is shared by all subscriptions: two subscriptions replaying the same dead
+batch must not produce the same copy id, or the second copy would be dropped.
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ from azure.servicebus import (
 )
 from azure.servicebus.exceptions import ServiceBusError
 
-from dbfanout.ops.bus import DLQ_DESCRIPTION, DLQ_REASON, MessageView, peek_receiver
+from dbfanout.ops.bus import DLQ_DESCRIPTION, DLQ_REASON, Entity, MessageView, as_entity, peek_receiver
 from shared.errors import EnqueueError
 from shared.logs import get_logger, ids
 from shared.servicebus import bus_errors
+from shared.topology import PROP_TARGET
 
 __all__ = [
     "PROP_REPLAY_COUNT",
@@ -119,17 +126,24 @@ class ReplayReport:
         }
 
 
-def replay_message_id(root_id: str, count: int, body: bytes) -> str:
-    """The copy's id: new per replay generation and per body, stable across a re-run (see module doc)."""
-    digest = hashlib.sha256(body).hexdigest()[:8]
+def replay_message_id(root_id: str, count: int, body: bytes, subscription: str | None = None) -> str:
+    """The copy's id: new per replay generation, per body and per subscription, stable across a
+    re-run (see module doc). Queue replays (``subscription`` None) keep their ids."""
+    salt = b"" if subscription is None else subscription.encode() + b"\0"
+    digest = hashlib.sha256(salt + body).hexdigest()[:8]
     candidate = f"{root_id}.replay-{count}-{digest}"
     if len(candidate) <= MAX_MESSAGE_ID:
         return candidate
     return f"replay-{count}-{hashlib.sha256(root_id.encode()).hexdigest()[:40]}-{digest}"
 
 
-def replay_copy(view: MessageView, now: dt.datetime, *, body: bytes | None = None) -> ServiceBusMessage:
-    """The message to send for ``view``: same body, subject, content type and properties; new id."""
+def replay_copy(
+    view: MessageView, now: dt.datetime, *, body: bytes | None = None, subscription: str | None = None
+) -> ServiceBusMessage:
+    """The message to send for ``view``: same body, subject, content type and properties; new id.
+
+    ``subscription``: the copy goes to a topic, addressed to that subscription only.
+    """
     props = {k: v for k, v in view.application_properties.items() if k not in (DLQ_REASON, DLQ_DESCRIPTION)}
     count = int(props.get(PROP_REPLAY_COUNT, 0) or 0) + 1
     root = str(props.get(PROP_REPLAY_OF) or view.message_id)
@@ -143,9 +157,11 @@ def replay_copy(view: MessageView, now: dt.datetime, *, body: bytes | None = Non
             PROP_REPLAY_COUNT: count,
         }
     )
+    if subscription is not None:
+        props[PROP_TARGET] = subscription  # only this subscription's rule lets the copy in
     return ServiceBusMessage(
         payload,
-        message_id=replay_message_id(root, count, payload),
+        message_id=replay_message_id(root, count, payload, subscription),
         subject=view.subject,
         content_type=view.content_type,
         correlation_id=view.correlation_id,
@@ -159,7 +175,7 @@ Progress = Callable[[int, int], None]
 
 def replay(
     client: ServiceBusClient,
-    queue: str,
+    queue: str | Entity,
     selection: Selection,
     *,
     target: str | None = None,
@@ -170,14 +186,25 @@ def replay(
 ) -> ReplayReport:
     """Replay the selected messages of ``queue``'s DLQ into ``target`` (default: ``queue``).
 
+    A subscription (``Entity(topic, sub)``) is replayed into its topic, addressed to ``sub`` only;
+    ``target`` must then be None (a ValueError otherwise).
+
     ``bodies`` (``--from-file``) replaces the body of the listed sequence numbers and limits the
     replay to them. The selection is fixed by a peek first, so copies that fail again and land in
     the same DLQ during the run are not replayed a second time.
     """
-    target = target or queue
-    report = ReplayReport(queue, target, dry_run=dry_run)
+    source = as_entity(queue)
+    if source.is_subscription and target is not None:
+        raise ValueError(f"{source.label} replays into its own subscription only; no other target")
+    into = source if target is None else Entity(target)
+    report = ReplayReport(source.label, into.label, dry_run=dry_run)
     files = bodies or {}
-    with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+    sub = source.subscription
+
+    def copy_of(view: MessageView) -> ServiceBusMessage:
+        return replay_copy(view, clock(), body=files.get(view.sequence_number), subscription=sub)
+
+    with source.receiver(client, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
         views = [
             v
             for v in peek_receiver(receiver)
@@ -185,13 +212,13 @@ def replay(
         ]
         report.selected = [v.sequence_number for v in views]
         if dry_run or not views:
-            report.replayed = [_row(v, replay_copy(v, clock(), body=files.get(v.sequence_number))) for v in views]
+            report.replayed = [_row(v, copy_of(v)) for v in views]
             return report
         pending = {v.sequence_number for v in views}
-        with client.get_queue_sender(target) as sender:
+        with into.sender(client) as sender:
 
             def act(message: ServiceBusReceivedMessage) -> bool:
-                _replay_one(receiver, sender, message, report, files.get(int(message.sequence_number or 0)), clock)
+                _replay_one(receiver, sender, message, report, copy_of)
                 return report.error is None
 
             each_selected(receiver, pending, act, progress)
@@ -236,15 +263,14 @@ def _replay_one(
     sender: ServiceBusSender,
     message: ServiceBusReceivedMessage,
     report: ReplayReport,
-    body: bytes | None,
-    clock: Callable[[], dt.datetime],
+    copy_of: Callable[[MessageView], ServiceBusMessage],
 ) -> None:
     view = MessageView.of(message)
-    copy = replay_copy(view, clock(), body=body)
+    copy = copy_of(view)
     row = _row(view, copy)
     try:
         with bus_errors("replay send", report.target):
-            sender.send_messages(copy)  # 1. the copy is durable in the target queue ...
+            sender.send_messages(copy)  # 1. the copy is durable in the target queue (or topic) ...
     except EnqueueError as exc:  # nothing was completed: the original stays in the DLQ
         report.error = f"sending the copy of sequence {view.sequence_number} failed: {exc}"
         _release(receiver, [message])

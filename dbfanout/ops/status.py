@@ -1,4 +1,5 @@
-"""Where each poller stands: checkpoint, lease, fingerprint, lag and its queue's depth.
+"""Where each poller stands: checkpoint, lease, fingerprint, lag and its queue's depth (a topic
+poller: each subscription's depth and dead-letter count).
 
 Every part is gathered independently: a storage outage still shows the source lag, a database
 outage still shows the lease. Failures become an ``error`` field, never an exception.
@@ -12,7 +13,14 @@ from typing import Any
 import sqlalchemy as sa
 from azure.servicebus import ServiceBusClient
 
-from dbfanout.ops.bus import SESSION_QUEUE_ACTIVE, is_emulator, peek_all, refuses_non_session
+from dbfanout.ops.bus import (
+    SESSION_QUEUE_ACTIVE,
+    Entity,
+    as_entity,
+    is_emulator,
+    peek_all,
+    refuses_non_session,
+)
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
 from poller.engines import make_engine
@@ -22,7 +30,7 @@ from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
 from shared.errors import DbFanoutError, SourceError
 
-__all__ = ["PENDING_LIMIT", "poller_status", "queue_depth", "storage_queue_depth"]
+__all__ = ["PENDING_LIMIT", "poller_status", "queue_depth", "storage_queue_depth", "topic_depth"]
 
 PENDING_LIMIT = 1000  # count pending rows up to this many (one bounded keyset read)
 PEEK_COUNT_LIMIT = 1000
@@ -57,6 +65,8 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     """One poller's state as a JSON-ready dict."""
     cfg = config.poller(name)
     out: dict[str, Any] = {"poller": name, "queue": cfg.queue}
+    if cfg.is_topic:
+        out["topic"] = cfg.queue
     source = open_source(cfg)
     position = None
     try:
@@ -114,28 +124,35 @@ def _slot_source(source: PgLogicalSource) -> dict[str, Any]:
     }
 
 
-def queue_depth(config: Config, client: ServiceBusClient, queue: str) -> dict[str, Any]:
-    """Active and dead-lettered counts: runtime properties on Azure, bounded peeks on the emulator."""
+def _runtime_counts(config: Config, entity: Entity) -> tuple[int | None, int | None]:
+    """(active, dead-lettered) from the management API (needs the Manage right)."""
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    conn = config.settings.get(config.app.servicebus_connection) or ""
+    with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+        if entity.subscription is None:
+            queue = admin.get_queue_runtime_properties(entity.name)
+            return queue.active_message_count, queue.dead_letter_message_count
+        sub = admin.get_subscription_runtime_properties(entity.name, entity.subscription)
+        return sub.active_message_count, sub.dead_letter_message_count
+
+
+def queue_depth(config: Config, client: ServiceBusClient, queue: str | Entity) -> dict[str, Any]:
+    """Active and dead-lettered counts of a queue or one subscription: runtime properties on Azure,
+    bounded peeks on the emulator (or without the Manage right)."""
+    entity = as_entity(queue)
+    queue = entity.label
     if not is_emulator(config):
         try:
-            from azure.servicebus.management import ServiceBusAdministrationClient
-
-            conn = config.settings.get(config.app.servicebus_connection) or ""
-            with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
-                props = admin.get_queue_runtime_properties(queue)
-            return {
-                "queue": queue,
-                "active": props.active_message_count,
-                "dead_lettered": props.dead_letter_message_count,
-                "how": "runtime properties",
-            }
+            active, dead = _runtime_counts(config, entity)
+            return {"queue": queue, "active": active, "dead_lettered": dead, "how": "runtime properties"}
         except Exception as exc:  # no Manage right, or an identity-based connection: fall back to peeking
             fallback = _error(exc)
     else:
         fallback = None
 
     def count(dead_letter: bool) -> int | str:
-        n = sum(1 for _ in peek_all(client, queue, dead_letter=dead_letter, limit=PEEK_COUNT_LIMIT))
+        n = sum(1 for _ in peek_all(client, entity, dead_letter=dead_letter, limit=PEEK_COUNT_LIMIT))
         return n if n < PEEK_COUNT_LIMIT else f">={PEEK_COUNT_LIMIT}"
 
     result: dict[str, Any] = {"queue": queue}
@@ -153,6 +170,40 @@ def queue_depth(config: Config, client: ServiceBusClient, queue: str) -> dict[st
     if fallback:
         result["admin_error"] = fallback
     return result
+
+
+def _total(values: list[Any]) -> int | str | None:
+    """The sum of per-subscription counts; ``>=N`` when one is a lower bound; None when none is known."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    total = sum(v if isinstance(v, int) else int(str(v).lstrip(">=")) for v in known)
+    exact = len(known) == len(values) and all(isinstance(v, int) for v in known)
+    return total if exact else f">={total}"
+
+
+def topic_depth(config: Config, client: ServiceBusClient, cfg: PollerConfig) -> dict[str, Any]:
+    """A topic poller's subscriptions, each with its active and dead-letter count.
+
+    Returns ``{"subscriptions": [{"name", "active", "dead_letter", "how", ...}], "queue_depth": {...}}``
+    where ``queue_depth`` sums them (the key queue pollers have, so readers of it keep working).
+    """
+    subs: list[dict[str, Any]] = []
+    for name in sorted(cfg.subscriptions):
+        depth = queue_depth(config, client, Entity(cfg.queue, name))
+        row: dict[str, Any] = {"name": name, "active": depth.get("active"), "dead_letter": depth.get("dead_lettered")}
+        row.update({k: v for k, v in depth.items() if k not in ("queue", "active", "dead_lettered")})
+        subs.append(row)
+    total: dict[str, Any] = {
+        "queue": cfg.queue,
+        "active": _total([s["active"] for s in subs]),
+        "dead_lettered": _total([s["dead_letter"] for s in subs]),
+        "how": "sum over subscriptions",
+    }
+    errors = [f"{s['name']}: {s['error']}" for s in subs if "error" in s]
+    if errors:
+        total["error"] = "; ".join(errors)
+    return {"subscriptions": subs, "queue_depth": total}
 
 
 def storage_queue_depth(config: Config, queue: str) -> dict[str, Any]:

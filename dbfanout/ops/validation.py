@@ -29,7 +29,14 @@ from shared.errors import ConfigError, DbFanoutError, OversizeRowError
 from shared.messages import pack_batch
 from worker.handlers import load_handler
 
-__all__ = ["Check", "max_delivery_check", "schedule_interval_seconds", "validate_poller"]
+__all__ = [
+    "Check",
+    "duplicate_detection_check",
+    "handler_check",
+    "max_delivery_check",
+    "schedule_interval_seconds",
+    "validate_poller",
+]
 
 Status = Literal["ok", "warn", "fail", "skip"]
 SAMPLE_ROWS = 200
@@ -199,24 +206,9 @@ def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]
     except Exception as exc:
         yield Check(p, "queue properties", "skip", f"could not read them ({_msg(exc)[:160]}); needs the Manage right")
         return
-    window = _seconds(q.duplicate_detection_history_time_window)
-    if not q.requires_duplicate_detection:
-        yield Check(
-            p,
-            "duplicate detection",
-            "fail",
-            "off: a re-send after a lost commit is delivered twice "
-            "(recreate the queue with it on; it cannot be changed later)",
-        )
-    elif window < need:
-        yield Check(
-            p,
-            "duplicate detection",
-            "fail",
-            f"window {window:.0f}s < {need:.0f}s (lease TTL + schedule interval + tick time)",
-        )
-    else:
-        yield Check(p, "duplicate detection", "ok", f"on, window {window:.0f}s >= {need:.0f}s")
+    yield duplicate_detection_check(
+        cfg, bool(q.requires_duplicate_detection), _seconds(q.duplicate_detection_history_time_window)
+    )
     mdc = q.max_delivery_count or 0
     yield max_delivery_check(cfg, mdc)
     lock = _seconds(q.lock_duration)
@@ -232,10 +224,38 @@ def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]
         yield Check(p, "message size", "fail", f"max_message_bytes {cfg.max_message_bytes} > the queue's {size}")
 
 
-def _handler_check(cfg: PollerConfig, app_root: Path | None) -> Check:
-    """Import the handler exactly as the worker will (``module:function`` from the app root)."""
-    key = f"pollers.{cfg.name}.handler"
-    if cfg.handler is None:
+def duplicate_detection_check(cfg: PollerConfig, enabled: bool, window: float) -> Check:
+    """The queue's (or topic's) duplicate detection: on, with a window that covers a re-send."""
+    p, need, entity = cfg.name, needed_window_seconds(cfg), "topic" if cfg.is_topic else "queue"
+    if not enabled:
+        return Check(
+            p,
+            "duplicate detection",
+            "fail",
+            "off: a re-send after a lost commit is delivered twice "
+            f"(recreate the {entity} with it on; it cannot be changed later)",
+        )
+    if window < need:
+        return Check(
+            p,
+            "duplicate detection",
+            "fail",
+            f"window {window:.0f}s < {need:.0f}s (lease TTL + schedule interval + tick time)",
+        )
+    return Check(p, "duplicate detection", "ok", f"on, window {window:.0f}s >= {need:.0f}s")
+
+
+def handler_check(cfg: PollerConfig, app_root: Path | None, subscription: str | None = None) -> Check:
+    """Import the handler exactly as the worker will (``module:function`` from the app root).
+
+    ``subscription``: the handler of that subscription of a topic poller.
+    """
+    if subscription is not None:
+        spec: str | None = cfg.subscription(subscription).handler
+        key, name = f"pollers.{cfg.name}.subscriptions.{subscription}.handler", f"handler [{subscription}]"
+    else:
+        spec, key, name = cfg.handler, f"pollers.{cfg.name}.handler", "handler"
+    if spec is None:
         return Check(
             cfg.name,
             "handler",
@@ -244,12 +264,12 @@ def _handler_check(cfg: PollerConfig, app_root: Path | None) -> Check:
             "poller; fine only when another app consumes its queue",
         )
     try:
-        load_handler(cfg.handler, key=key, app_root=app_root)
+        load_handler(spec, key=key, app_root=app_root)
     except ConfigError as exc:
-        return Check(cfg.name, "handler", "fail", f"{exc.key}: {exc.problem}")
+        return Check(cfg.name, name, "fail", f"{exc.key}: {exc.problem}")
     except Exception as exc:  # the module imports, but raises while it does (the worker would too)
-        return Check(cfg.name, "handler", "fail", f"importing {cfg.handler!r} raised {type(exc).__name__}: {exc}")
-    return Check(cfg.name, "handler", "ok", f"{cfg.handler} imports and is callable")
+        return Check(cfg.name, name, "fail", f"importing {spec!r} raised {type(exc).__name__}: {exc}")
+    return Check(cfg.name, name, "ok", f"{spec} imports and is callable")
 
 
 def validate_poller(
@@ -260,12 +280,21 @@ def validate_poller(
     fix: bool = False,
     app_root: Path | None = None,
 ) -> list[Check]:
-    """Every check of one poller (handler, database, state, queue).
+    """Every check of one poller (handler, database, state, queue; a topic poller: its topology).
 
     ``fix``: create a missing slot/publication; ``app_root``: where handlers import from.
     """
     cfg = config.poller(name)
-    checks = [_handler_check(cfg, app_root), *_source_checks(cfg, fix), *_state_checks(config, cfg)]
+    if cfg.is_topic:
+        from dbfanout.ops.topic_checks import topic_checks  # imports Check from here
+
+        handlers = [handler_check(cfg, app_root, sub) for sub in sorted(cfg.subscriptions)]
+        checks = [*handlers, *_source_checks(cfg, fix), *_state_checks(config, cfg)]
+        if client is None:
+            checks.append(Check(name, "topic", "skip", "no Service Bus connection"))
+            return checks
+        return [*checks, *topic_checks(config, cfg, client)]
+    checks = [handler_check(cfg, app_root), *_source_checks(cfg, fix), *_state_checks(config, cfg)]
     if cfg.transport != "servicebus" or client is None:
         checks.append(Check(name, "queue", "skip", "not a Service Bus poller, or no Service Bus connection"))
         return checks
@@ -282,47 +311,56 @@ def validate_poller(
     return checks
 
 
-def session_check(cfg: PollerConfig, probe: QueueProbe) -> Check:
-    """``sessions`` in the config against what the queue requires (its workers' receivers must match)."""
+def session_check(cfg: PollerConfig, probe: QueueProbe, subscription: str | None = None) -> Check:
+    """``sessions`` in the config against what the queue (or subscription) requires (its workers'
+    receivers must match)."""
+    what, entity = ("subscription", f"{cfg.queue}/{subscription}") if subscription else ("queue", cfg.queue)
+    name = f"sessions [{subscription}]" if subscription else "sessions"
     if probe.requires_session is None:
-        return Check(cfg.name, "sessions", "skip", "could not tell whether the queue requires sessions")
+        return Check(cfg.name, name, "skip", f"could not tell whether the {what} requires sessions")
     if probe.requires_session and not cfg.sessions:
         return Check(
             cfg.name,
-            "sessions",
+            name,
             "fail",
-            f"{cfg.queue} requires sessions but sessions = false: the worker's receiver is refused; "
-            "set sessions = true, or use a queue without sessions",
+            f"{entity} requires sessions but sessions = false: the worker's receiver is refused; "
+            f"set sessions = true, or use a {what} without sessions",
         )
     if cfg.sessions and not probe.requires_session:
         return Check(
             cfg.name,
-            "sessions",
+            name,
             "fail",
-            f"sessions = true but {cfg.queue} does not require sessions: events are not ordered per key; "
-            "recreate the queue with RequiresSession (it cannot be changed later), or set sessions = false",
+            f"sessions = true but {entity} does not require sessions: events are not ordered per key; "
+            f"recreate the {what} with RequiresSession (it cannot be changed later), or set sessions = false",
         )
     state = "on" if cfg.sessions else "off"
-    return Check(cfg.name, "sessions", "ok", f"{state}, as the queue requires")
+    return Check(cfg.name, name, "ok", f"{state}, as the {what} requires")
 
 
-def max_delivery_check(cfg: PollerConfig, mdc: int) -> Check:
-    """The queue's MaxDeliveryCount against the poller: above split_after_deliveries, and known to it."""
+def max_delivery_check(cfg: PollerConfig, mdc: int, subscription: str | None = None) -> Check:
+    """The queue's (or subscription's) MaxDeliveryCount against the poller: above
+    split_after_deliveries, and known to it."""
+    name = f"max delivery count [{subscription}]" if subscription else "max delivery count"
+    key = (
+        f"pollers.{cfg.name}.subscriptions.{subscription}.max_delivery_count" if subscription else "max_delivery_count"
+    )
+    expected = cfg.deliveries_for(subscription)
     if mdc <= cfg.split_after_deliveries:
         return Check(
             cfg.name,
-            "max delivery count",
+            name,
             "fail",
             f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries} must "
             "be lower, so a failing batch is split before it is dead-lettered)",
         )
-    if mdc != cfg.deliveries:
+    if mdc != expected:
         # the worker cannot read it on Azure (no Manage right): it relies on the config's value
         return Check(
             cfg.name,
-            "max delivery count",
+            name,
             "warn",
-            f"{mdc}, but the poller assumes {cfg.deliveries}: set max_delivery_count = {mdc}, or crashes "
+            f"{mdc}, but the poller assumes {expected}: set {key} = {mdc}, or crashes "
             "may dead-letter a failing batch whole before the worker splits it",
         )
-    return Check(cfg.name, "max delivery count", "ok", f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries})")
+    return Check(cfg.name, name, "ok", f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries})")

@@ -1,7 +1,8 @@
 """An operator's workspace for CLI tests: a dbfanout.toml, settings in the environment, real servers.
 
 Each test gets its own app name, state container, SQLite source and emulator queue, so tests
-share the session's Azurite and emulator without seeing each other's state.
+share the session's Azurite and emulator without seeing each other's state. ``topic_workspace``
+is the same with a topic poller: a topic with the subscriptions ``search`` and ``audit``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sbemulator.testing import unique_queue
 from shared.config import Config
 from shared.servicebus import QueueSender
 from shared.settings import StorageConnection
+from shared.topology import RULE_NAME, subscription_rule
 from tests.poller.tick_support import RecordingSink, SourceTable
 from tests.support.azurite import Azurite
 from worker.consumer import settle_received
@@ -62,6 +64,39 @@ batch_size = 10
 lease_ttl_seconds = 30
 settle_seconds = 0
 soft_delete_column = "deleted_at"
+"""
+
+
+TOPIC_TOML = """
+[app]
+name = "{app}"
+state_container = "{container}"
+
+[pollers.orders]
+source_url = "${{ORDERS_DB_URL}}"
+table = "orders"
+cursor = "version"
+pk = ["id"]
+topic = "{topic}"
+batch_size = 10
+lease_ttl_seconds = 30
+settle_seconds = 0
+max_delivery_count = 3
+
+[pollers.orders.subscriptions.search]
+handler = "topic_handlers:search"
+
+[pollers.orders.subscriptions.audit]
+handler = "topic_handlers:audit"
+"""
+
+TOPIC_HANDLERS = """
+def search(events, context):
+    pass
+
+
+def audit(events, context):
+    pass
 """
 
 
@@ -123,6 +158,98 @@ def workspace(tmp_path: Path, azurite: Azurite, servicebus: Emulator, monkeypatc
     monkeypatch.setenv("DBFANOUT_SERVICEBUS", servicebus.connection_string)
     monkeypatch.chdir(tmp_path)
     return Workspace(tmp_path, config_path, app_name, container, queue, source, azurite, servicebus)
+
+
+def declare_topic(emulator: Emulator, config: Config, poller: str = "orders", **changes: dict[str, Any]) -> None:
+    """Create the poller's topic in the emulator as infra/ would: duplicate detection on, each
+    configured subscription with its MaxDeliveryCount and the ``$Default`` rule of
+    :func:`shared.topology.subscription_rule`. ``changes`` maps a subscription name to Config.json
+    overrides (``{"Properties": ...}``, ``{"Rules": ...}``), or to ``{}`` with ``omit=True`` to leave it out."""
+    cfg = config.poller(poller)
+    subs: list[dict[str, Any]] = []
+    for name in sorted(cfg.subscriptions):
+        sub: dict[str, Any] = {
+            "Name": name,
+            "Properties": {"MaxDeliveryCount": cfg.deliveries_for(name), "LockDuration": "PT5S",
+                           "RequiresSession": cfg.sessions},
+            "Rules": [{"Name": RULE_NAME, "Properties": {"FilterType": "Sql",
+                       "SqlFilter": {"SqlExpression": subscription_rule(cfg.subscription(name))}}}],
+        }  # fmt: skip
+        change = dict(changes.get(name, {}))
+        if change.pop("omit", False):
+            continue
+        subs.append(sub | change)
+    subs.extend({"Name": name} for name, change in changes.items() if change.get("extra"))
+    emulator.create_topic(
+        {"Name": cfg.queue, "Properties": {"RequiresDuplicateDetection": True}, "Subscriptions": subs}
+    )
+
+
+def topic_workspace_of(
+    tmp_path: Path, azurite: Azurite, servicebus: Emulator, monkeypatch: pytest.MonkeyPatch, **changes: Any
+) -> Workspace:
+    """A workspace whose poller ``orders`` sends to a fresh topic (``workspace.queue`` is the topic)."""
+    app_name = f"app{uuid.uuid4().hex[:8]}"
+    container = f"state-{uuid.uuid4().hex[:10]}"
+    topic = f"orders-{uuid.uuid4().hex[:10]}"
+    source = SourceTable(f"sqlite:///{tmp_path / 'source.db'}")
+    config_path = tmp_path / "dbfanout.toml"
+    config_path.write_text(TOPIC_TOML.format(app=app_name, container=container, topic=topic))
+    (tmp_path / "topic_handlers.py").write_text(TOPIC_HANDLERS)
+    monkeypatch.setenv("ORDERS_DB_URL", str(source.engine.url))
+    monkeypatch.setenv("DBFANOUT_STATE", azurite.connection_string)
+    monkeypatch.setenv("DBFANOUT_SERVICEBUS", servicebus.connection_string)
+    monkeypatch.chdir(tmp_path)
+    workspace = Workspace(tmp_path, config_path, app_name, container, topic, source, azurite, servicebus)
+    declare_topic(servicebus, workspace.config, **changes)
+    return workspace
+
+
+@pytest.fixture
+def topic_workspace(
+    tmp_path: Path, azurite: Azurite, servicebus: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> Workspace:
+    return topic_workspace_of(tmp_path, azurite, servicebus, monkeypatch)
+
+
+def dead_letter_in_subscription(
+    client: ServiceBusClient,
+    topic: str,
+    subscription: str,
+    bodies: Sequence[bytes],
+    *,
+    others: Sequence[str] = ("audit",),
+    reason: str = "HandlerFailed",
+) -> list[str]:
+    """Send to the topic, dead-letter every copy in ``subscription``, complete them in ``others``
+    (so their queues are empty again); returns the message ids."""
+    message_ids = [f"msg-{uuid.uuid4().hex[:12]}" for _ in bodies]
+    with client.get_topic_sender(topic) as sender:
+        sender.send_messages(
+            [
+                ServiceBusMessage(
+                    body,
+                    message_id=mid,
+                    subject="orders",
+                    content_type="application/json",
+                    application_properties={"dbfanout-poller": "orders"},
+                )
+                for mid, body in zip(message_ids, bodies, strict=True)
+            ]
+        )
+    for sub in (subscription, *others):
+        done = 0
+        with client.get_subscription_receiver(topic, sub, max_wait_time=2) as receiver:
+            while done < len(bodies):
+                batch = receiver.receive_messages(max_message_count=len(bodies) - done, max_wait_time=5)
+                assert batch, f"the messages did not arrive in {topic}/{sub}"
+                for message in batch:
+                    if sub == subscription:
+                        receiver.dead_letter_message(message, reason=reason, error_description=f"{reason} (test)")
+                    else:
+                        receiver.complete_message(message)
+                    done += 1
+    return message_ids
 
 
 @pytest.fixture
