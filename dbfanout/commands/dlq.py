@@ -42,7 +42,7 @@ from dbfanout.ops.timeparse import parse_duration, parse_since
 QueueArg = Annotated[
     str,
     typer.Argument(
-        metavar="ENTITY",
+        metavar="entity",
         help="The queue whose dead-letter queue to use (QUEUE/$DeadLetterQueue); TOPIC/SUBSCRIPTION for one "
         "subscription of a topic poller (its own dead-letter queue); or a storage-queue poller's queue (its "
         "QUEUE-poison queue)",

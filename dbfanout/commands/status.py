@@ -132,7 +132,8 @@ def status_command(
     interval: Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between refreshes")] = 5.0,
     config: ConfigOption = None,
 ) -> None:
-    """Show where each poller stands. Exit 1 when a poller's state, source or fingerprint is not healthy."""
+    """Show where each poller stands (a topic poller: each subscription's active and dead-letter count).
+    Exit 1 when a poller's state, source or fingerprint is not healthy."""
     with reporting_errors():
         cfg = load(config)
         if poller:

@@ -1,4 +1,8 @@
-"""``dbfanout validate [POLLER] [--json]``: config, handler, database, index, cursor hazards, state and queue checks."""
+"""``dbfanout validate [POLLER] [--json]``: config, handler, database, index, cursor hazards, state and queue checks.
+
+A topic poller: each subscription's handler, the topic, its subscriptions, their sessions and (with
+the management API) duplicate detection, MaxDeliveryCount, rules and unnamed subscriptions.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ def validate_command(
         ),
     ] = False,
 ) -> None:
-    """Check that every poller can run safely. Exit 1 when a check fails (warnings do not fail)."""
+    """Check that every poller can run safely (a topic poller: its topic, subscriptions and rules too).
+    Exit 1 when a check fails (warnings do not fail)."""
     with reporting_errors():
         cfg = load(config, lenient_settings=True)
         names = [cfg.poller(poller).name] if poller else sorted(cfg.pollers)
