@@ -163,8 +163,11 @@ def workspace(tmp_path: Path, azurite: Azurite, servicebus: Emulator, monkeypatc
 def declare_topic(emulator: Emulator, config: Config, poller: str = "orders", **changes: dict[str, Any]) -> None:
     """Create the poller's topic in the emulator as infra/ would: duplicate detection on, each
     configured subscription with its MaxDeliveryCount and the ``$Default`` rule of
-    :func:`shared.topology.subscription_rule`. ``changes`` maps a subscription name to Config.json
-    overrides (``{"Properties": ...}``, ``{"Rules": ...}``), or to ``{}`` with ``omit=True`` to leave it out."""
+    :func:`shared.topology.subscription_rule`.
+
+    ``changes`` per subscription name: Config.json keys that replace the made ones
+    (``{"Properties": {...}}``, ``{"Rules": [...]}``); ``{"omit": True}`` leaves a configured
+    subscription out; ``{"extra": True}`` adds one the config does not name."""
     cfg = config.poller(poller)
     subs: list[dict[str, Any]] = []
     for name in sorted(cfg.subscriptions):

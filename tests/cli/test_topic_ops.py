@@ -7,6 +7,7 @@ import tomllib
 import uuid
 
 import pytest
+from azure.servicebus import ServiceBusMessage
 
 from dbfanout.ops.bus import Entity, peek_all
 from dbfanout.ops.topic_checks import SubscriptionFacts, TopicFacts, rule_check, topology_checks
@@ -90,6 +91,27 @@ def test_two_subscriptions_replaying_the_same_batch_both_get_their_copy(topic_wo
     ] == mid  # fmt: skip
 
 
+def test_replay_of_a_session_subscription_keeps_the_session_id(tmp_path, azurite, servicebus, monkeypatch, bus):
+    # Given a session-enabled subscription whose message for key k1 was dead-lettered
+    ws = topic_workspace_of(
+        tmp_path, azurite, servicebus, monkeypatch,
+        search={"Properties": {"MaxDeliveryCount": 3, "RequiresSession": True}}, audit={"omit": True},
+    )  # fmt: skip
+    with bus.get_topic_sender(ws.queue) as sender:
+        sender.send_messages(ServiceBusMessage(b'{"n": 1}', message_id="m-k1", session_id="k1"))
+    with bus.get_subscription_receiver(ws.queue, "search", session_id="k1", max_wait_time=5) as receiver:
+        (message,) = receiver.receive_messages(1, max_wait_time=5)
+        receiver.dead_letter_message(message, reason="HandlerFailed")
+    # When its DLQ (not session-enabled) is replayed
+    result = ws.run("dlq", "replay", f"{ws.queue}/search", "--all", "--yes", "--json")
+    # Then the copy is back in session k1 of that subscription
+    assert result.exit_code == 0, said(result)
+    with bus.get_subscription_receiver(ws.queue, "search", session_id="k1", max_wait_time=5) as receiver:
+        (copy,) = receiver.peek_messages(5)
+    assert copy.session_id == "k1" and copy.message_id != "m-k1"
+    assert stats(ws, "search")["dead_lettered"] == 0
+
+
 def test_replay_dry_run_and_sequence_selection_on_a_subscription(topic_workspace, bus):
     # Given two dead-lettered messages in audit
     ws = topic_workspace
@@ -143,8 +165,6 @@ def test_status_shows_each_subscriptions_depth_and_dead_letters(topic_workspace,
     ws = topic_workspace
     dead_letter_in_subscription(bus, ws.queue, "search", [b"x"], others=("audit",))
     with bus.get_topic_sender(ws.queue) as sender:
-        from azure.servicebus import ServiceBusMessage
-
         sender.send_messages([ServiceBusMessage(b"a"), ServiceBusMessage(b"b")])
     # When status runs (JSON and human)
     result = ws.run("status", "--json")
