@@ -7,17 +7,24 @@ What the templates must agree on with the rest of the project:
   connection string is fetched anywhere (no listKeys, no SharedAccessKey, no AccountKey);
 * parameters: main.parameters.json only names parameters that main.bicep declares, and gives
   every parameter that has no default;
-* config: every Service Bus poller in dbfanout.toml has its queue in the parameters (sessions
-  matching), a storage-queue poller turns useStorageQueues on and lists its queue in
-  storageQueueNames, every ``${NAME}`` the config
-  references is provided as an app setting, the state container and connection prefixes match,
-  and each queue's duplicate detection window covers the poller's redelivery horizon;
+* config: every Service Bus queue poller in dbfanout.toml has its queue in the parameters
+  (sessions matching); every topic poller has its topic in the ``topics`` parameter, with every
+  configured subscription and each subscription's maxDeliveryCount, requiresSession and filter
+  matching the config (a subscription the config does not name is a warning: it gets a copy of
+  every message and dbfanout does not consume it); a storage-queue poller turns useStorageQueues
+  on and lists its queue in storageQueueNames, every ``${NAME}`` the config references is
+  provided as an app setting, the state container and connection prefixes match, and each queue's
+  and topic's duplicate detection window covers the poller's redelivery horizon;
+* topics parameter: each topic has a name and a non-empty list of named subscriptions, and no
+  name is both a queue and a topic (they share the namespace);
 * roles: every role GUID written in a template is the documented built-in one, none is a
-  privileged role, and every role declared is assigned;
+  privileged role, every role declared is assigned, and every Service Bus data role is scoped to a
+  queue, topic or subscription (never the namespace or the resource group);
 * outputs: no output reads a @secure() parameter.
 
 Used by ``infra/validate.py --config`` (the gate) and by tests/infra. Each problem names the
-check, the file and what to change.
+check, the file and what to change. Problems are errors unless ``severity`` is ``"warning"``
+(reported, but the gate still passes).
 """
 
 from __future__ import annotations
@@ -85,9 +92,11 @@ class Problem:
     check: str
     where: str
     message: str
+    severity: str = "error"  # or "warning": reported, does not fail the gate
 
     def __str__(self) -> str:
-        return f"CONSISTENCY {self.check}: {self.where}: {self.message}"
+        prefix = "WARNING " if self.severity == "warning" else ""
+        return f"{prefix}CONSISTENCY {self.check}: {self.where}: {self.message}"
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -282,7 +291,6 @@ def check_config(infra: Path, config_path: Path) -> list[Problem]:
     values = _parameter_values(infra)
     app = cfg.get("app", {})
     pollers: dict[str, dict[str, Any]] = cfg.get("pollers", {})
-    queues = {q.get("name"): q for q in values.get("queues") or [] if isinstance(q, dict)}
     default_window = values.get("duplicateDetectionHistoryTimeWindow") or _param_default(
         main_text, "duplicateDetectionHistoryTimeWindow"
     )
@@ -313,22 +321,7 @@ def check_config(infra: Path, config_path: Path) -> list[Problem]:
 
     for name, poller in pollers.items():
         key = f"pollers.{name}"
-        transport = poller.get("transport", "servicebus")
-        if transport == "storage-queue":
-            problems += _check_storage_queue(where, key, poller, values)
-        else:
-            queue = queues.get(poller.get("queue"))
-            if queue is None:
-                problems.append(
-                    Problem(
-                        "queues",
-                        where,
-                        f"{key}.queue = {poller.get('queue')!r} has no entry in "
-                        "the queues parameter of main.parameters.json",
-                    )
-                )
-            else:
-                problems += _check_queue(where, key, poller, queue, default_window)
+        problems += _check_entity(where, key, poller, values, default_window)
         for field, value in poller.items():
             for ref in _REF.findall(value) if isinstance(value, str) else ():
                 if ref not in provided:
@@ -341,6 +334,45 @@ def check_config(infra: Path, config_path: Path) -> list[Problem]:
                             "to databaseUrlSettings",
                         )
                     )
+    return problems
+
+
+def _check_entity(
+    where: str, key: str, poller: dict[str, Any], values: dict[str, Any], default_window: str | None
+) -> list[Problem]:
+    """The poller's queue (Service Bus or storage) or topic is in the parameters, as configured."""
+    queues = {q.get("name"): q for q in values.get("queues") or [] if isinstance(q, dict)}
+    topics = {t.get("name"): t for t in values.get("topics") or [] if isinstance(t, dict)}
+    problems: list[Problem] = []
+    transport = poller.get("transport", "servicebus")
+    if transport == "storage-queue":
+        problems += _check_storage_queue(where, key, poller, values)
+    elif "topic" in poller:
+        topic = topics.get(poller.get("topic"))
+        if topic is None:
+            problems.append(
+                Problem(
+                    "topics",
+                    where,
+                    f"{key}.topic = {poller.get('topic')!r} has no entry in "
+                    "the topics parameter of main.parameters.json",
+                )
+            )
+        else:
+            problems += _check_topic(where, key, poller, topic, default_window)
+    else:
+        queue = queues.get(poller.get("queue"))
+        if queue is None:
+            problems.append(
+                Problem(
+                    "queues",
+                    where,
+                    f"{key}.queue = {poller.get('queue')!r} has no entry in "
+                    "the queues parameter of main.parameters.json",
+                )
+            )
+        else:
+            problems += _check_queue(where, key, poller, queue, default_window)
     return problems
 
 
@@ -381,29 +413,111 @@ def _check_queue(
                 f"queue {queue['name']!r} has requiresSession = {queue.get('requiresSession', False)}",
             )
         )
-    window_text = queue.get("duplicateDetectionHistoryTimeWindow") or default_window or ""
+    return problems + _check_window(where, key, poller, f"queue {queue['name']!r}", queue, default_window)
+
+
+def _check_window(
+    where: str, key: str, poller: dict[str, Any], entity: str, entry: dict[str, Any], default_window: str | None
+) -> list[Problem]:
+    """The queue's or topic's duplicate detection window covers the poller's redelivery horizon."""
+    window_text = entry.get("duplicateDetectionHistoryTimeWindow") or default_window or ""
     window = iso_duration_seconds(window_text)
     try:
         need = WINDOW_MARGIN * redelivery_horizon_seconds(poller)
     except ValueError as exc:
-        return [*problems, Problem("dup-window", where, f"{key}.schedule: {exc}")]
+        return [Problem("dup-window", where, f"{key}.schedule: {exc}")]
     if window is None:
-        problems.append(
+        return [
             Problem(
                 "dup-window",
                 where,
-                f"queue {queue['name']!r}: duplicate detection window {window_text!r} is not an ISO 8601 duration",
+                f"{entity}: duplicate detection window {window_text!r} is not an ISO 8601 duration",
             )
-        )
-    elif window < need:
-        problems.append(
+        ]
+    if window < need:
+        return [
             Problem(
                 "dup-window",
                 where,
-                f"queue {queue['name']!r}: duplicate detection window "
+                f"{entity}: duplicate detection window "
                 f"{window_text} ({window:.0f} s) < {WINDOW_MARGIN:g} x (lease_ttl + schedule "
                 f"interval + tick budget) = {need:.0f} s for {key}; raise "
                 "duplicateDetectionHistoryTimeWindow",
+            )
+        ]
+    return []
+
+
+DEFAULT_MAX_DELIVERY_COUNT = 10  # Service Bus's default, and the templates' (servicebus*.bicep)
+
+
+def _check_topic(
+    where: str, key: str, poller: dict[str, Any], topic: dict[str, Any], default_window: str | None
+) -> list[Problem]:
+    """A topic poller's topic: duplicate detection and window, and each subscription as configured."""
+    name = topic["name"]
+    problems: list[Problem] = []
+    if topic.get("requiresDuplicateDetection") is False:
+        problems.append(Problem("topics", where, f"topic {name!r} turns duplicate detection off"))
+    problems += _check_window(where, key, poller, f"topic {name!r}", topic, default_window)
+    infra_subs = {s.get("name"): s for s in topic.get("subscriptions") or [] if isinstance(s, dict)}
+    configured: dict[str, Any] = poller.get("subscriptions") or {}
+    sessions = bool(poller.get("sessions", False))
+    for sub_name, sub in configured.items():
+        sub = sub if isinstance(sub, dict) else {}
+        sub_key = f"{key}.subscriptions.{sub_name}"
+        entry = infra_subs.get(sub_name)
+        if entry is None:
+            problems.append(
+                Problem(
+                    "subscriptions",
+                    where,
+                    f"{sub_key} has no entry in the subscriptions of topic {name!r} in "
+                    f'main.parameters.json: add {{"name": "{sub_name}"}} (nothing would deliver to its handler)',
+                )
+            )
+            continue
+        want = sub.get("max_delivery_count") or poller.get("max_delivery_count") or DEFAULT_MAX_DELIVERY_COUNT
+        have = entry.get("maxDeliveryCount", DEFAULT_MAX_DELIVERY_COUNT)
+        if want != have:
+            problems.append(
+                Problem(
+                    "max-delivery",
+                    where,
+                    f"{sub_key}: the config allows {want} deliveries but subscription {sub_name!r} of topic "
+                    f"{name!r} has maxDeliveryCount = {have}; the worker splits a failing batch before "
+                    "its last delivery, so the two must agree (set one to the other)",
+                )
+            )
+        if bool(entry.get("requiresSession", False)) != sessions:
+            problems.append(
+                Problem(
+                    "sessions",
+                    where,
+                    f"{key}.sessions = {sessions} but subscription {sub_name!r} of topic {name!r} has "
+                    f"requiresSession = {entry.get('requiresSession', False)} (every subscription of a "
+                    "session poller requires sessions)",
+                )
+            )
+        if (sub.get("filter") or "") != (entry.get("filter") or ""):
+            problems.append(
+                Problem(
+                    "filters",
+                    where,
+                    f"{sub_key}.filter = {sub.get('filter')!r} but subscription {sub_name!r} of topic "
+                    f"{name!r} has filter = {entry.get('filter')!r}: its $Default rule is built from "
+                    "that filter, so copy the config's filter exactly",
+                )
+            )
+    for extra in sorted(n for n in infra_subs if n not in configured):
+        problems.append(
+            Problem(
+                "subscriptions",
+                where,
+                f"subscription {extra!r} of topic {name!r} in main.parameters.json has no "
+                f"[{key}.subscriptions.{extra}]: it gets a copy of every message and no dbfanout handler "
+                "consumes it (fine for a consumer outside dbfanout; otherwise remove it)",
+                severity="warning",
             )
         )
     return problems
@@ -424,8 +538,98 @@ def check_roles(infra: Path) -> list[Problem]:
             key, guid = m.group("key"), m.group("guid").lower()
             if key in DOCUMENTED_ROLES and DOCUMENTED_ROLES[key] != guid:
                 problems.append(Problem("roles", where, f"{key} = {guid}, documented id is {DOCUMENTED_ROLES[key]}"))
-            if guid in known and not re.search(rf"roleDefinitions'\s*,\s*roles\.{key}\)", text):
+            if guid in known and not re.search(rf"roleDefinitions'\s*,\s*\w+\.{key}\)", text):
                 problems.append(Problem("roles", where, f"role {key} is declared but never assigned"))
+        problems += _role_scope_problems(text, where)
+    return problems
+
+
+# Service Bus data roles, and the resource types they may be assigned on: one entity, never the
+# namespace (every queue and topic) or, with no `scope:`, the whole resource group.
+SERVICEBUS_DATA_ROLES = {"serviceBusDataSender", "serviceBusDataReceiver"}
+SERVICEBUS_ENTITY_TYPES = {
+    "Microsoft.ServiceBus/namespaces/queues",
+    "Microsoft.ServiceBus/namespaces/topics",
+    "Microsoft.ServiceBus/namespaces/topics/subscriptions",
+}
+_RESOURCE = re.compile(r"^resource\s+(?P<name>\w+)\s+'(?P<type>[^'@]+)@", re.MULTILINE)
+_ASSIGNMENT = re.compile(
+    r"^resource\s+(?P<name>\w+)\s+'Microsoft\.Authorization/roleAssignments@[^']*'[^\n]*\n(?P<body>.*?)^\}",
+    re.MULTILINE | re.DOTALL,
+)
+_SCOPE = re.compile(r"^\s*scope:\s*(?P<symbol>\w+)", re.MULTILINE)
+
+
+def _role_scope_problems(text: str, where: str) -> list[Problem]:
+    """Each Service Bus data role assignment in one template is scoped to a queue, topic or subscription."""
+    types = {m.group("name"): m.group("type") for m in _RESOURCE.finditer(text)}
+    guid_keys = {m.group("guid").lower(): m.group("key") for m in _ROLE_ENTRY.finditer(text)}
+    guid_keys |= {guid: key for key, guid in DOCUMENTED_ROLES.items()}
+    problems: list[Problem] = []
+    for m in _ASSIGNMENT.finditer(text):
+        body = m.group("body")
+        role = re.search(r"roleDefinitionId:[^\n]*", body)
+        line = role.group(0) if role else ""
+        keys = {k for k in re.findall(r"\.(\w+)\)", line) if k in DOCUMENTED_ROLES}
+        keys |= {guid_keys[g.lower()] for g in _GUID.findall(line) if g.lower() in guid_keys}
+        if not keys & SERVICEBUS_DATA_ROLES:
+            continue
+        scope = _SCOPE.search(body)
+        if scope is None:
+            problems.append(
+                Problem(
+                    "role-scope",
+                    where,
+                    f"{m.group('name')} assigns a Service Bus data role with no scope (the whole resource "
+                    "group): scope it to one queue, topic or subscription",
+                )
+            )
+        elif types.get(scope.group("symbol")) not in SERVICEBUS_ENTITY_TYPES:
+            problems.append(
+                Problem(
+                    "role-scope",
+                    where,
+                    f"{m.group('name')} assigns a Service Bus data role on {scope.group('symbol')} "
+                    f"({types.get(scope.group('symbol'), 'not a resource of this file')}): scope it to one "
+                    "queue, topic or subscription, never the namespace",
+                )
+            )
+    return problems
+
+
+def check_topics_parameter(infra: Path) -> list[Problem]:
+    """The topics parameter has the shape the templates read, and no name is a queue and a topic."""
+    where = _rel(infra / "main.parameters.json", infra)
+    values = _parameter_values(infra)
+    topics = values.get("topics") or []
+    queues = {q.get("name") for q in values.get("queues") or [] if isinstance(q, dict)}
+    problems: list[Problem] = []
+    if not isinstance(topics, list):
+        return [Problem("topics", where, "topics must be a list of {name, subscriptions: [...]}")]
+    seen: set[str] = set()
+    for n, topic in enumerate(topics):
+        name = topic.get("name") if isinstance(topic, dict) else None
+        if not isinstance(name, str) or not name:
+            problems.append(Problem("topics", where, f"topics[{n}] has no name"))
+            continue
+        if name in seen:
+            problems.append(Problem("topics", where, f"topic {name!r} is listed twice"))
+        seen.add(name)
+        if name in queues:
+            problems.append(
+                Problem("topics", where, f"{name!r} is both a queue and a topic: they share the namespace's names")
+            )
+        subs = topic.get("subscriptions")
+        if not isinstance(subs, list) or not subs:
+            problems.append(
+                Problem("topics", where, f"topic {name!r} needs subscriptions: [{{name: ...}}, ...], one per handler")
+            )
+            continue
+        names = [s.get("name") if isinstance(s, dict) else None for s in subs]
+        if not all(isinstance(s, str) and s for s in names):
+            problems.append(Problem("topics", where, f"every subscription of topic {name!r} needs a name"))
+        for dup in sorted({s for s in names if isinstance(s, str) and names.count(s) > 1}):
+            problems.append(Problem("topics", where, f"topic {name!r} lists subscription {dup!r} twice"))
     return problems
 
 
@@ -449,7 +653,7 @@ def check_outputs(infra: Path) -> list[Problem]:
 
 def check_all(infra: Path, configs: Iterable[Path] = ()) -> list[Problem]:
     problems = check_app_settings(infra) + check_parameters(infra) + check_roles(infra) + check_outputs(infra)
-    problems += check_python_version(infra)
+    problems += check_python_version(infra) + check_topics_parameter(infra)
     for config in configs:
         problems += check_config(infra, config)
     return problems

@@ -1,7 +1,8 @@
-// dbfanout on Azure: a Flex Consumption function app (timer pollers + Service Bus queue workers),
-// its storage (host, deployment package, `db-state` state blobs), a Service Bus namespace with
-// one duplicate-detecting queue per poller, monitoring, an optional Key Vault for database URLs,
-// and least-privilege role assignments for one user-assigned managed identity.
+// dbfanout on Azure: a Flex Consumption function app (timer pollers + Service Bus queue and
+// subscription workers), its storage (host, deployment package, `db-state` state blobs), a Service
+// Bus namespace with one duplicate-detecting queue per queue poller and one duplicate-detecting
+// topic, with one subscription per handler, per topic poller, monitoring, an optional Key Vault for
+// database URLs, and least-privilege role assignments for one user-assigned managed identity.
 //
 // Deploy with `azd up` (azure.yaml) or `az deployment group create` (docs/deploy.md). Checked
 // offline by `infra/validate.py` (tree-sitter-bicep syntax + checkov with the checks in
@@ -32,10 +33,13 @@ param principalType string = 'User'
 @description('One Service Bus queue per poller: {name, maxDeliveryCount?, lockDuration?, requiresSession?, duplicateDetectionHistoryTimeWindow?, defaultMessageTimeToLive?}. The names must match queue = ... in dbfanout.toml.')
 param queues array
 
-@description('Duplicate detection window for queues that do not set one. It must cover lease_ttl_seconds + one schedule interval + one tick, with margin (modules/servicebus.bicep, docs/deploy.md). PT10M suits lease_ttl_seconds = 120.')
+@description('One Service Bus topic per topic poller: {name, duplicateDetectionHistoryTimeWindow?, defaultMessageTimeToLive?, subscriptions: [{name, maxDeliveryCount?, lockDuration?, requiresSession?, filter?, defaultMessageTimeToLive?}]}. The names must match topic = ... and [pollers.X.subscriptions.NAME] in dbfanout.toml, filter = its filter exactly: the $Default rule of each subscription is built from name and filter (docs/deploy.md).')
+param topics array = []
+
+@description('Duplicate detection window for queues and topics that do not set one. It must cover lease_ttl_seconds + one schedule interval + one tick, with margin (modules/servicebus.bicep, docs/deploy.md). PT10M suits lease_ttl_seconds = 120.')
 param duplicateDetectionHistoryTimeWindow string = 'PT10M'
 
-@description('Service Bus tier: Standard (256 KB messages) or Premium.')
+@description('Service Bus tier: Standard (256 KB messages) or Premium. Basic is not offered: it has neither duplicate detection nor topics.')
 @allowed([
   'Standard'
   'Premium'
@@ -156,6 +160,7 @@ module serviceBus './modules/servicebus.bicep' = {
     sku: serviceBusSku
     premiumCapacity: serviceBusPremiumCapacity
     queues: queues
+    topics: topics
     duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
   }
 }
@@ -191,6 +196,7 @@ module appRoles './modules/rbac.bicep' = {
     useStorageQueues: useStorageQueues
     serviceBusNamespaceName: serviceBus.outputs.name
     queueNames: queueNames
+    topics: topics
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     grantKeyVault: deployKeyVault
     keyVaultName: keyVaultName
@@ -210,6 +216,7 @@ module developerRoles './modules/rbac.bicep' = if (!empty(principalId)) {
     useStorageQueues: useStorageQueues
     serviceBusNamespaceName: serviceBus.outputs.name
     queueNames: queueNames
+    topics: topics
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     grantKeyVault: deployKeyVault
     keyVaultName: keyVaultName

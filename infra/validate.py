@@ -13,13 +13,14 @@ Gates, each reported with the file and what failed:
                 the custom checks in infra/checks: zero failed checks, zero files it cannot parse,
                 and every custom check ran on at least one resource (a check that failed to load,
                 or a resource type that was misspelled, would otherwise pass in silence).
-4. consistency  infra/consistency.py: app settings, parameters, roles, outputs, and the config
-                (--config PATH, repeatable; by default dbfanout.toml and dbfanout.toml.sample at
-                the repository root when they exist).
+4. consistency  infra/consistency.py: app settings, parameters, topics, roles and their scopes,
+                outputs, and the config (--config PATH, repeatable; by default dbfanout.toml and
+                dbfanout.toml.sample at the repository root when they exist). Its warnings (for
+                example a subscription no configured handler consumes) are printed but do not fail.
 
 Needs tree-sitter, tree-sitter-bicep and checkov (infra/requirements-validate.txt). Run from
 another interpreter, it re-executes itself with the repository's .venv-infra when that exists.
-Exit status: 0 clean, 1 problems found, 2 tools missing.
+Exit status: 0 clean (warnings allowed), 1 problems found, 2 tools missing.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 INFRA_VENV = REPO / ".venv-infra"
-CUSTOM_CHECKS = ("CKV_DBF_1", "CKV_DBF_2", "CKV_DBF_3", "CKV_DBF_4", "CKV_DBF_5")
+CUSTOM_CHECKS = ("CKV_DBF_1", "CKV_DBF_2", "CKV_DBF_3", "CKV_DBF_4", "CKV_DBF_5", "CKV_DBF_6")
 _SKIP = re.compile(r"checkov:skip=(?P<id>[A-Z0-9_]+)(?P<rest>.*)")
 _MIN_REASON = 15
 
@@ -60,9 +61,11 @@ class Problem:
     check: str
     file: str
     message: str
+    severity: str = "error"  # or "warning": printed, does not fail the gate
 
     def __str__(self) -> str:
-        return f"{self.gate.upper()} {self.check} {self.file}: {self.message}"
+        prefix = "WARNING " if self.severity == "warning" else ""
+        return f"{prefix}{self.gate.upper()} {self.check} {self.file}: {self.message}"
 
 
 def reexec_in_infra_venv() -> None:
@@ -239,7 +242,9 @@ def default_configs() -> list[Path]:
 
 
 def consistency_problems(infra: Path, configs: list[Path]) -> list[Problem]:
-    return [Problem("consistency", p.check, p.where, p.message) for p in consistency.check_all(infra, configs)]
+    return [
+        Problem("consistency", p.check, p.where, p.message, p.severity) for p in consistency.check_all(infra, configs)
+    ]
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -278,8 +283,14 @@ def main(argv: list[str] | None = None) -> int:
             for p in problems:
                 print(p)
             gates = "syntax, suppressions, consistency" + ("" if args.skip_checkov else ", checkov")
-            print(f"{d}: {'FAILED, ' + str(len(problems)) + ' problem(s)' if problems else 'OK'} ({gates})")
-    return 1 if any(found.values()) else 0
+            errors = len(_errors(problems))
+            warnings = f", {len(problems) - errors} warning(s)" if len(problems) > errors else ""
+            print(f"{d}: {'FAILED, ' + str(errors) + ' problem(s)' if errors else 'OK'}{warnings} ({gates})")
+    return 1 if any(_errors(ps) for ps in found.values()) else 0
+
+
+def _errors(problems: list[Problem]) -> list[Problem]:
+    return [p for p in problems if p.severity != "warning"]
 
 
 if __name__ == "__main__":

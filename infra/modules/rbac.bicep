@@ -5,10 +5,13 @@
 //   Storage Queue Data Contributor   storage account    only when useStorageQueues (storage-queue transport)
 //   Azure Service Bus Data Sender    each queue         pollers enqueue batches; workers split / DLQ replay
 //   Azure Service Bus Data Receiver  each queue         workers receive; the CLI peeks / replays the DLQ
+//   Azure Service Bus Data Sender    each topic         topic pollers (rbac-topic.bicep)
+//   Azure Service Bus Data Receiver  each subscription  one per handler of a topic poller (rbac-topic.bicep)
 //   Monitoring Metrics Publisher     Application Insights telemetry with local auth disabled
 //   Key Vault Secrets User           Key Vault          Key Vault references for database URLs
 //   Key Vault Secrets Officer        Key Vault          developer only (keyVaultSecretsWriter): sets the URLs
-// Never Owner, Contributor or Azure Service Bus Data Owner (the offline gate rejects them).
+// Never Owner, Contributor or Azure Service Bus Data Owner, and no Service Bus data role on the
+// whole namespace (the offline gate rejects them).
 // Role ids are the documented built-in role definition GUIDs, written literally so that the
 // gate's checks can read them.
 
@@ -35,8 +38,11 @@ param useStorageQueues bool = false
 @description('Service Bus namespace holding the poller queues.')
 param serviceBusNamespaceName string
 
-@description('Names of the poller queues (one per poller).')
+@description('Names of the poller queues (one per queue poller).')
 param queueNames array
+
+@description('The topics parameter of main.bicep (one per topic poller): {name, subscriptions: [{name, ...}], ...}.')
+param topics array = []
 
 @description('Application Insights component that receives telemetry.')
 param applicationInsightsName string
@@ -139,6 +145,18 @@ resource receiverOnQueue 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
     principalId: principalId
     principalType: principalType
+  }
+}]
+
+// Sender on each topic, Receiver on each of its subscriptions (a module: resource loops cannot nest).
+module topicRoles './rbac-topic.bicep' = [for (t, i) in topics: {
+  name: '${deployment().name}-topic-${i}'
+  params: {
+    principalId: principalId
+    principalType: principalType
+    serviceBusNamespaceName: namespace.name
+    topicName: t.name
+    subscriptions: t.subscriptions
   }
 }]
 

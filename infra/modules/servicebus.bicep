@@ -1,5 +1,8 @@
-// Service Bus namespace with one queue per dbfanout poller. Local (SAS key) auth is disabled:
-// the app sends and receives with its managed identity, scoped to each queue in rbac.bicep.
+// Service Bus namespace with one queue per dbfanout queue poller and one topic (with one
+// subscription per handler, servicebus-topic.bicep) per topic poller. Local (SAS key) auth is
+// disabled: the app sends and receives with its managed identity, scoped to each queue, topic and
+// subscription in rbac.bicep. Topics need Standard or Premium (Basic has none; neither does the
+// `sku` parameter allow it).
 //
 // Duplicate detection window (duplicateDetectionHistoryTimeWindow). A poller enqueues a batch and
 // only then commits its checkpoint. When that commit fails (window W1) or its outcome is unknown
@@ -11,8 +14,8 @@
 // measured from the first send. The window must cover that sum with margin (we use x2), or the
 // re-sent batch is delivered twice. lease_ttl 120 s, a 5 s schedule, an 80 s budget: 205 s, x2 =
 // 410 s, so the default PT10M fits. Raise duplicateDetectionHistoryTimeWindow (namespace-wide
-// default, or per queue) when you raise lease_ttl_seconds or slow the schedule. Duplicate
-// detection and sessions can only be chosen when a queue is created.
+// default, or per queue or topic) when you raise lease_ttl_seconds or slow the schedule. Duplicate
+// detection and sessions can only be chosen when a queue, topic or subscription is created.
 
 @description('Service Bus namespace name (6-50 characters).')
 @minLength(6)
@@ -45,7 +48,10 @@ param premiumCapacity int = 1
 @description('One entry per poller queue: {name, maxDeliveryCount?, lockDuration?, requiresSession?, duplicateDetectionHistoryTimeWindow?, defaultMessageTimeToLive?}.')
 param queues array
 
-@description('Default duplicate detection window for queues that do not set their own; see the rule at the top of this file.')
+@description('One entry per topic poller: {name, duplicateDetectionHistoryTimeWindow?, defaultMessageTimeToLive?, subscriptions: [{name, maxDeliveryCount?, lockDuration?, requiresSession?, filter?, defaultMessageTimeToLive?}]}.')
+param topics array = []
+
+@description('Default duplicate detection window for queues and topics that do not set their own; see the rule at the top of this file.')
 param duplicateDetectionHistoryTimeWindow string = 'PT10M'
 
 var skuSettings = sku == 'Premium' ? {
@@ -83,6 +89,18 @@ resource queue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for q in q
     requiresSession: contains(q, 'requiresSession') ? q.requiresSession : false
     defaultMessageTimeToLive: contains(q, 'defaultMessageTimeToLive') ? q.defaultMessageTimeToLive : 'P14D'
     enablePartitioning: false
+  }
+}]
+
+// A topic, its subscriptions and their rules per topic poller (a module: resource loops cannot nest).
+module topic './servicebus-topic.bicep' = [for (t, i) in topics: {
+  name: '${deployment().name}-topic-${i}'
+  params: {
+    namespaceName: namespace.name
+    topicName: t.name
+    duplicateDetectionHistoryTimeWindow: contains(t, 'duplicateDetectionHistoryTimeWindow') ? t.duplicateDetectionHistoryTimeWindow : duplicateDetectionHistoryTimeWindow
+    defaultMessageTimeToLive: contains(t, 'defaultMessageTimeToLive') ? t.defaultMessageTimeToLive : 'P14D'
+    subscriptions: t.subscriptions
   }
 }]
 

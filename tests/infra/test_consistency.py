@@ -186,7 +186,8 @@ def test_a_duplicate_window_shorter_than_the_redelivery_horizon_fails(
     edit_parameters(infra_copy, duplicateDetectionHistoryTimeWindow="PT5M")
     problems = consistency.check_config(infra_copy, FIXTURE_CONFIG)
     assert checks_of(problems) == {"dup-window"}
-    assert {p.message.split("'")[1] for p in problems} == {"orders-changes", "customers-changes"}
+    # Then every queue and the topic (the default window applies to both) is named
+    assert {p.message.split("'")[1] for p in problems} == {"orders-changes", "customers-changes", "products-changes"}
 
 
 def test_a_longer_lease_needs_a_longer_window(consistency: ModuleType, tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ BROKEN: dict[str, tuple[str, str, str, set[tuple[str, str]], str]] = {
         "    disableLocalAuth: true\n",
         "    disableLocalAuth: \n",
         {("syntax", "tree-sitter-bicep")},
-        "servicebus.bicep:66",
+        "servicebus.bicep:72",
     ),
     "servicebus_local_auth_on": (
         "modules/servicebus.bicep",
