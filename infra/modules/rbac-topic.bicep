@@ -44,7 +44,7 @@ resource topic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' existing = {
   name: topicName
 }
 
-resource subscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' existing = [for s in subscriptions: {
+resource topicSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' existing = [for s in subscriptions: {
   parent: topic
   name: s.name
 }]
@@ -60,8 +60,8 @@ resource senderOnTopic 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
 }
 
 resource receiverOnSubscription 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (s, i) in subscriptions: {
-  scope: subscription[i]
-  name: guid(subscription[i].id, principalId, entityRoles.serviceBusDataReceiver)
+  scope: topicSubscription[i]
+  name: guid(topicSubscription[i].id, principalId, entityRoles.serviceBusDataReceiver)
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', entityRoles.serviceBusDataReceiver)
     principalId: principalId

@@ -52,7 +52,7 @@ resource topic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
   }
 }
 
-resource subscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = [for s in subscriptions: {
+resource topicSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = [for s in subscriptions: {
   parent: topic
   name: s.name
   properties: {
@@ -69,7 +69,7 @@ resource subscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024
 
 // Replaces the match-all `$Default` rule Service Bus creates with every subscription.
 resource rule 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2024-01-01' = [for (s, i) in subscriptions: {
-  parent: subscription[i]
+  parent: topicSubscription[i]
   name: '$Default'
   properties: {
     filterType: 'SqlFilter'

@@ -78,6 +78,34 @@ BROKEN: dict[str, tuple[str, str, str, set[tuple[str, str]], str]] = {
         {("checkov", "CKV_DBF_3")},
         "Microsoft.ServiceBus/namespaces/queues.queue",
     ),
+    "topic_without_duplicate_detection": (
+        "modules/servicebus-topic.bicep",
+        "requiresDuplicateDetection: true",
+        "requiresDuplicateDetection: false",
+        {("checkov", "CKV_DBF_6")},
+        "Microsoft.ServiceBus/namespaces/topics.topic",
+    ),
+    "topic_duplicate_detection_from_a_parameter": (
+        "modules/servicebus-topic.bicep",
+        "requiresDuplicateDetection: true",
+        "requiresDuplicateDetection: !empty(topicName)",
+        {("checkov", "CKV_DBF_6")},
+        "Microsoft.ServiceBus/namespaces/topics.topic",
+    ),
+    "sender_on_the_namespace": (
+        "modules/rbac-topic.bicep",
+        "  scope: topic\n",
+        "  scope: namespace\n",
+        {("consistency", "role-scope")},
+        "senderOnTopic",
+    ),
+    "subscription_missing_from_parameters": (
+        "main.parameters.json",
+        '"name": "cache",',
+        '"name": "caches",',
+        {("consistency", "subscriptions")},
+        "pollers.products.subscriptions.cache",
+    ),
     "storage_shared_key_on": (
         "modules/storage.bicep",
         "allowSharedKeyAccess: false",
@@ -159,7 +187,7 @@ BROKEN: dict[str, tuple[str, str, str, set[tuple[str, str]], str]] = {
 
 
 # Copies of infra/, each broken in several independent places (different resources or lines), so
-# that checkov starts 5 times instead of 16. A syntax error stops the parse, so it gets its own copy.
+# that checkov starts 5 times instead of 20. A syntax error stops the parse, so it gets its own copy.
 GROUPS: dict[str, list[str]] = {
     "auth_and_roles": [
         "servicebus_local_auth_on",
@@ -167,6 +195,7 @@ GROUPS: dict[str, list[str]] = {
         "appinsights_local_auth_on",
         "owner_role_in_rbac_module",
         "suppression_without_reason",
+        "topic_without_duplicate_detection",
     ],
     "queues_and_suppressions": [
         "queue_without_duplicate_detection",
@@ -174,13 +203,19 @@ GROUPS: dict[str, list[str]] = {
         "contributor_role",
         "unsuppressed_builtin_check",
         "poller_queue_missing_from_parameters",
+        "sender_on_the_namespace",
     ],
     "conditions_and_parameters": [
         "servicebus_namespace_behind_condition",
         "servicebus_data_owner_behind_condition",
         "role_id_from_a_parameter",
+        "subscription_missing_from_parameters",
     ],
-    "expressions_and_new_syntax": ["servicebus_local_auth_from_expression", "syntax_checkov_cannot_read"],
+    "expressions_and_new_syntax": [
+        "servicebus_local_auth_from_expression",
+        "syntax_checkov_cannot_read",
+        "topic_duplicate_detection_from_a_parameter",
+    ],
     "syntax": ["syntax_error"],
 }
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
