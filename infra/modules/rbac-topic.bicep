@@ -5,10 +5,10 @@
 //                                                         targeted copies back to the topic
 //   Azure Service Bus Data Receiver  each subscription    the subscription's trigger receives;
 //                                                         the CLI peeks / replays its DLQ
-// Never on the namespace: one topic's identity cannot read another poller's messages. Role ids
-// are the documented built-in role definition GUIDs, written literally so that the gate's checks
-// can read them. The table is not called `roles`: checkov resolves variables by name across files,
-// and would read rbac.bicep's `roles.storageBlobDataOwner` from this table instead.
+// Never on the namespace: the identity reaches only its pollers' entities, not others there.
+// Role ids are the documented built-in role definition GUIDs, written literally so that the gate's
+// checks can read them. The table is not called `roles`: checkov resolves variables by name across
+// files, and would read rbac.bicep's `roles.storageBlobDataOwner` from this table instead.
 
 @description('Object (principal) id that receives the roles.')
 param principalId string
