@@ -7,7 +7,7 @@ from itertools import repeat
 from typing import Any, overload
 
 from poller.ports import KeysetColumns, Page, SourceRow
-from shared.codec import encode_column
+from shared.codec import ColumnJson, column_json, dumps, encode_column
 from shared.config import PollerConfig
 from shared.ids import EventIds, batch_id_for_range, event_id_for
 from shared.messages import EncodedEvents
@@ -142,9 +142,12 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     """A keyset page's events encoded column by column, without building rows or events.
 
     Exactly what ``encode_event(to_event(...))`` gives for each row of the page
-    (``tests/poller/test_page_encoding.py`` holds it to that); the values of a column are
-    type-checked and converted in one pass, and each row is hashed once for its event id.
-    None when the columns are not simple enough for this shortcut (duplicate names).
+    (``tests/poller/test_page_encoding.py`` holds it to that). Usually each event comes out as
+    its JSON text, made by one %-template per page from each column's JSON pieces (see
+    :func:`_page_texts`); otherwise (values needing different tags in one column) as its
+    ``encode_event`` dict, built from columns converted in one pass each. Either way each row is
+    hashed once for its event id. None when the columns are not simple enough for a shortcut
+    (duplicate names, a composite cursor).
     """
     keys, cursor = columns.keys, columns.cursor
     if len(set(keys)) != len(keys):
@@ -154,30 +157,45 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     by_name: dict[str, Sequence[Any]] = dict(zip(keys, zip(*tuples, strict=True), strict=True))
     raw: Sequence[Any] = by_name.pop(columns.raw_cursor) if columns.raw_cursor is not None else by_name[cursor]
     if columns.convert is not None:  # the event carries the typed value (appended when not selected)
-        by_name[cursor] = [columns.convert(v)[1] for v in raw]
-    names = list(by_name)
+        by_name[cursor] = _converted(columns.convert, raw)
     event_cursor = by_name.get(cursor, raw)
     if any(map(isinstance, event_cursor, repeat(tuple))):  # a composite cursor encodes differently
         return None
+    ops: list[str] | None = None
     if columns.soft_delete is not None:
         ops = ["upsert" if f is None or f is False or f == 0 else "delete" for f in by_name[columns.soft_delete]]
-    else:
-        ops = ["upsert"] * len(tuples)
     pk_names = columns.pk
+    texts = _page_texts(ids, by_name, cursor, event_cursor, pk_names, ops)
+    if texts is not None:
+        return texts
     event_ids = ids.many(
         (dict(zip(pk_names, r, strict=True)) for r in zip(*(by_name[p] for p in pk_names), strict=True)),
         event_cursor,
     )
+    return event_ids, _page_docs(
+        event_ids, by_name, cursor, raw, pk_names, ops if ops is not None else ["upsert"] * len(tuples)
+    )
+
+
+def _page_docs(
+    event_ids: list[str],
+    by_name: dict[str, Sequence[Any]],
+    cursor: str,
+    raw: Sequence[Any],
+    pk_names: tuple[str, ...],
+    ops: list[str],
+) -> list[dict[str, Any]]:
+    """Every event's ``encode_event`` dict, from columns encoded in one pass each (the path for
+    columns whose rows need different tags)."""
+    names, count = list(by_name), len(event_ids)
     encoded = {name: encode_column(by_name[name]) for name in names}
     cursor_values, cursor_tags = encoded[cursor] if cursor in encoded else encode_column(raw)
     afters = [dict(zip(names, r, strict=True)) for r in zip(*(encoded[n][0] for n in names), strict=True)]
-    after_tags = _row_tags(names, [encoded[n][1] for n in names], len(tuples))
-    pk_tags = _row_tags(list(pk_names), [encoded[p][1] for p in pk_names], len(tuples))
+    after_tags = _row_tags(names, [encoded[n][1] for n in names], count)
+    pk_tags = _row_tags(list(pk_names), [encoded[p][1] for p in pk_names], count)
     pk_of = _pk_getter(pk_names)
     if names and not isinstance(cursor_tags, list) and not any(isinstance(encoded[n][1], list) for n in names):
-        return event_ids, _uniform_events(
-            event_ids, ops, afters, cursor_values, pk_of, cursor_tags, pk_tags, after_tags
-        )
+        return _uniform_events(event_ids, ops, afters, cursor_values, pk_of, cursor_tags, pk_tags, after_tags)
     cursor_tag_of = cursor_tags if isinstance(cursor_tags, list) else repeat(cursor_tags)
     docs = []
     for event_id, op, after, a_tags, p_tags, value, tag in zip(
@@ -201,7 +219,76 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
         if types:
             event["types"] = types
         docs.append(event)
-    return event_ids, docs
+    return docs
+
+
+def _converted(convert: Callable[[Any], tuple[Any, Any]], raw: Sequence[Any]) -> list[Any]:
+    """The typed cursor of every row. Stored text (SQLite) is converted once per distinct value:
+    rows sharing a timestamp share its text, and equal strings convert alike (unlike equal
+    datetimes or numbers, whose text can differ)."""
+    if set(map(type, raw)) == {str}:
+        typed = {text: convert(text)[1] for text in dict.fromkeys(raw)}
+        return list(map(typed.__getitem__, raw))
+    return [convert(v)[1] for v in raw]
+
+
+def _page_texts(
+    ids: EventIds,
+    by_name: dict[str, Sequence[Any]],
+    cursor: str,
+    event_cursor: Sequence[Any],
+    pk_names: tuple[str, ...],
+    ops: list[str] | None,
+) -> EncodedEvents | None:
+    """Every event's JSON text (exactly ``dumps(encode_event(event))``) from one %-template.
+
+    The template is the event object with a slot for each value; each column is encoded once
+    into JSON pieces (:func:`~shared.codec.column_json`), and the event ids come from the same
+    columns (:meth:`~shared.ids.EventIds.of_columns`). Each column has one tag for all its rows
+    here, so one ``"types"`` object, written into the template, serves every event. None when a
+    column needs per-row tags or a value needs the ids' fallback form.
+    """
+    json: dict[str, ColumnJson] = {}
+    for name, values in by_name.items():
+        if (encoded := column_json(values)) is None:
+            return None
+        json[name] = encoded
+    cursor_json = json[cursor] if cursor in json else column_json(event_cursor)
+    if cursor_json is None or any(p not in json for p in pk_names):
+        return None
+    event_ids = ids.of_columns({p: by_name[p] for p in pk_names}, event_cursor)
+    if event_ids is None:
+        return None
+    types: dict[str, Any] = {"cursor": cursor_json[2]} if cursor_json[2] is not None else {}
+    if pk_tags := {p: json[p][2] for p in pk_names if json[p][2] is not None}:
+        types["pk"] = pk_tags
+    if after_tags := {n: c[2] for n, c in json.items() if c[2] is not None}:
+        types["after"] = after_tags
+
+    def slot(name: str) -> str:
+        return _literal(name) + ":" + json[name][1]
+
+    template = (
+        '{"event_id":"%s","op":'
+        + ('"%s"' if ops is not None else '"upsert"')
+        + ',"pk":{'
+        + ",".join(map(slot, pk_names))
+        + '},"cursor":'
+        + cursor_json[1]
+        + ',"after":{'
+        + ",".join(map(slot, json))
+        + '},"before":null'
+        + (',"types":' + _literal(types) if types else "")
+        + "}"
+    )
+    values = [json[p][0] for p in pk_names] + [cursor_json[0]] + [c[0] for c in json.values()]
+    rows = zip(event_ids, ops, *values, strict=True) if ops is not None else zip(event_ids, *values, strict=True)
+    return event_ids, list(map(template.__mod__, rows))
+
+
+def _literal(value: Any) -> str:
+    """A fixed part of a %-template: its JSON text with ``%`` escaped."""
+    return dumps(value).decode().replace("%", "%%")
 
 
 def _uniform_events(

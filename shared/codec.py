@@ -14,7 +14,10 @@ import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import orjson
 
@@ -33,6 +36,7 @@ from shared.models import (
 )
 
 __all__ = [
+    "column_json",
     "decode_batch",
     "decode_event",
     "decode_state",
@@ -143,6 +147,79 @@ def encode_column(values: Sequence[Any]) -> tuple[Sequence[Any], ColumnTags]:
     pairs = list(map(encode_value, values))
     tags = [tag for _, tag in pairs]
     return [value for value, _ in pairs], tags[0] if tags.count(tags[0]) == len(tags) else tags
+
+
+# What a column's values look like in JSON, for pages encoded by text templates (poller.events).
+ColumnJson = tuple[Sequence[Any], str, str | None]
+_JSON_OPTION = orjson.OPT_NON_STR_KEYS
+
+
+def column_json(values: Sequence[Any]) -> ColumnJson | None:
+    """A non-empty column encoded as :func:`encode_column` does, as JSON text: ``(pieces, spec,
+    tag)``, where ``spec % piece`` is exactly what :func:`dumps` writes for each encoded value
+    inside a document, and ``tag`` is the whole column's one tag.
+
+    Common columns cost one encoder call, not one per value: a string column is one orjson call
+    split at its element boundaries (inside a JSON string every ``"`` is escaped, so ``","``
+    occurs only between elements), an integer column is formatted by the template (``%d``), and
+    the text of a Decimal, UUID, date, time or timestamp never needs escaping. None when the
+    values need different tags (a nullable tagged column) or cannot be encoded (the caller then
+    takes the value-by-value path, which raises the proper error).
+    """
+    try:
+        return _column_json(values)
+    except (TypeError, ValueError, SerializationError):  # orjson's JSONEncodeError is a TypeError
+        return None
+
+
+def _column_json(values: Sequence[Any]) -> ColumnJson | None:
+    if not values:
+        return None
+    kinds = set(map(type, values))
+    if len(kinds) == 1:
+        (kind,) = kinds
+        if kind is int and min(values) >= -_SAFE_INT and max(values) <= _SAFE_INT:
+            return values, "%d", None
+        if kind is str:
+            return orjson.dumps(values).decode()[2:-2].split('","'), '"%s"', None
+        if kind in _BY_TYPE:
+            encode, tag = _BY_TYPE[kind]
+            return list(map(encode, values)), '"%s"', tag
+        if kind is dt.datetime and (pieces := _iso_column(values)) is not None:
+            return pieces, '"%s"', "timestamp"
+    encoded, tags = encode_column(values)
+    if isinstance(tags, list):
+        return None
+    texts = map(orjson.dumps, encoded, repeat(None), repeat(_JSON_OPTION))
+    return list(map(bytes.decode, texts)), "%s", tags
+
+
+def _iso_column(values: Sequence[dt.datetime]) -> list[str] | None:
+    """:func:`_iso` of every value, from one orjson call: orjson writes the same text except that
+    it omits a zero microsecond (those values are formatted one by one) and an offset's seconds
+    (then None: the caller formats each value)."""
+    if not _whole_minute_offsets(values):
+        return None
+    text = orjson.dumps(values).decode()
+    pieces = text.replace('+00:00"', 'Z"')[2:-2].split('","')
+    if text.count(".") != len(values):  # some on a whole second
+        return [piece if "." in piece else _iso(value) for piece, value in zip(pieces, values, strict=True)]
+    return pieces
+
+
+_FIXED_UTC = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "Etc/Universal", "Etc/Zulu", "UCT", "Universal", "Zulu"})
+_TZINFO = attrgetter("tzinfo")
+
+
+def _whole_minute_offsets(values: Sequence[dt.datetime]) -> bool:
+    """Every value is aware, with an offset of whole minutes (checked once per zone when the
+    zone's offset is fixed, the usual case; else per value)."""
+    zones = set(map(_TZINFO, values))
+    if all(type(z) is dt.timezone or (type(z) is ZoneInfo and z.key in _FIXED_UTC) for z in zones):
+        offsets = {z.utcoffset(None) for z in zones}
+    else:
+        offsets = set(map(dt.datetime.utcoffset, values))
+    return None not in offsets and not any(o.seconds % 60 or o.microseconds for o in offsets)
 
 
 def _plain(value: Any) -> Any:

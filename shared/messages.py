@@ -6,8 +6,10 @@ failing message, so both build messages exactly the same way.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol, runtime_checkable
 
 from shared.codec import dumps, encode_event
@@ -79,7 +81,8 @@ def _message(batch: Batch, head: bytes, encoded: list[bytes], event_ids: list[st
     )
 
 
-EncodedEvents = tuple[list[str], list[dict[str, Any]]]
+# Every event's id, and either its encode_event form or its JSON text (exactly what dumps writes).
+EncodedEvents = tuple[list[str], list[dict[str, Any]] | list[str]]
 
 
 @runtime_checkable
@@ -87,7 +90,7 @@ class PreEncoded(Protocol):
     """Events that hand over their ids and encoded forms without being built (the poller's pages)."""
 
     def encoded(self) -> EncodedEvents | None:
-        """Every event's id and its ``encode_event`` form, in order; None when it cannot."""
+        """Every event's id and its ``encode_event`` form or JSON text, in order; None when it cannot."""
         ...
 
 
@@ -114,20 +117,45 @@ def pack_batch(
     """
     budget = max_message_bytes - PROPERTY_ALLOWANCE
     head = _header(batch)
-    event_ids, docs = _encoded_events(batch.events)
-    if not docs:
+    event_ids, encoded_events = _encoded_events(batch.events)
+    if not encoded_events:
         return []
+    if isinstance(encoded_events[0], str):  # each event's JSON text
+        texts: list[str] = encoded_events
+        if max_events is None and (packed := _pack_texts(batch, head, budget, event_ids, texts)) is not None:
+            return packed
+        raws = [text.encode() for text in texts]  # a rare case (a limit on events, an oversize row)
+        return _pack_one_by_one(batch, head, budget, event_ids, raws.__getitem__, 0, [], oversize, max_events)
+    docs: list[dict[str, Any]] = encoded_events
     messages: list[OutgoingMessage] = []
     start = 0
     if max_events is None:
         start = _pack_in_chunks(batch, head, budget, event_ids, docs, messages)
     if start == len(docs):
         return messages
+    return _pack_one_by_one(
+        batch, head, budget, event_ids, lambda index: dumps(docs[index]), start, messages, oversize, max_events
+    )
+
+
+def _pack_one_by_one(
+    batch: Batch,
+    head: bytes,
+    budget: int,
+    event_ids: list[str],
+    raw_at: Callable[[int], bytes],
+    start: int,
+    messages: list[OutgoingMessage],
+    oversize: Callable[[RowChange, int], RowChange] | None,
+    max_events: int | None,
+) -> list[OutgoingMessage]:
+    """The reference packing, event by event from ``start``: every other path splits where this does."""
+    max_message_bytes = budget + PROPERTY_ALLOWANCE
     encoded: list[bytes] = []
     ids: list[str] = []
     size = len(head) + 2
-    for index in range(start, len(docs)):
-        event_id, raw = event_ids[index], dumps(docs[index])
+    for index in range(start, len(event_ids)):
+        event_id, raw = event_ids[index], raw_at(index)
         if len(head) + len(raw) + 2 > budget:
             event = batch.events[index]
             if oversize is None:
@@ -146,6 +174,28 @@ def pack_batch(
     if ids:
         messages.append(_message(batch, head, encoded, ids))
     return messages
+
+
+def _pack_texts(
+    batch: Batch, head: bytes, budget: int, event_ids: list[str], texts: list[str]
+) -> list[OutgoingMessage] | None:
+    """Pack events given as JSON text where the event-by-event loop would split, without it: the
+    byte sizes' running sums say where each message ends (a message takes events while
+    ``head + 2 + sum(size + 1)`` stays within the budget, and at least one). None when an event
+    is too big for a message alone (the loop's claim-check or error decides)."""
+    room = budget - len(head) - 2
+    sizes = list(map(len, texts)) if "".join(texts).isascii() else [len(text.encode()) for text in texts]
+    if max(sizes) > room:
+        return None
+    ends = list(accumulate(map((1).__add__, sizes), initial=0))  # ends[k]: bytes of the first k events, commas included
+    out: list[OutgoingMessage] = []
+    start, count = 0, len(texts)
+    while start < count:
+        stop = max(start + 1, min(count, bisect_right(ends, ends[start] + room) - 1))
+        body = ",".join(texts[start:stop]).encode()
+        out.append(_message(batch, head, [body], event_ids[start:stop]))
+        start = stop
+    return out
 
 
 def _pack_in_chunks(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.codec import decode_batch
+from shared.codec import decode_batch, dumps, encode_event
 from shared.errors import OversizeRowError
-from shared.messages import PROPERTY_ALLOWANCE, pack_batch, session_key
+from shared.messages import PROPERTY_ALLOWANCE, EncodedEvents, pack_batch, session_key
 from shared.models import Batch, RowChange
 
 
@@ -69,6 +72,61 @@ def test_messages_split_exactly_where_event_by_event_packing_splits(sizes: list[
             pack_batch(batch, limit, oversize=hook)
         return
     assert pack_batch(batch, limit, oversize=hook) == expected
+
+
+class _AsText(tuple[RowChange, ...]):
+    """Events that hand over their JSON text, as a keyset page does (poller.events.encode_page)."""
+
+    def encoded(self) -> EncodedEvents:
+        return [e.event_id for e in self], [dumps(encode_event(e)).decode() for e in self]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=3000), min_size=1, max_size=80),
+    limit=st.integers(min_value=4 * 1024 + 600, max_value=24 * 1024),
+    claim_check=st.booleans(),
+    unicode=st.booleans(),
+    max_events=st.sampled_from([None, 1, 7]),
+)
+def test_events_given_as_json_text_pack_into_the_messages_of_their_dicts(
+    sizes: list[int], limit: int, claim_check: bool, unicode: bool, max_events: int | None
+) -> None:
+    # Given a batch's events, and the same events handing over their JSON text (non-ASCII text
+    # makes byte sizes differ from lengths); When both are packed; Then the same messages, byte
+    # for byte, or the same oversize error.
+    batch, hook = _batch(sizes), _reference if claim_check else None
+    if unicode:
+        events = tuple(
+            replace(e, after={**(e.after or {}), "blob": "é😀" * (len(str(e.after)) // 3)}) for e in batch.events
+        )
+        batch = replace(batch, events=events)
+    as_text = replace(batch, events=_AsText(batch.events))
+    try:
+        expected = pack_batch(batch, limit, oversize=hook, max_events=max_events)
+    except OversizeRowError as exc:
+        with pytest.raises(OversizeRowError, match=re.escape(str(exc))):
+            pack_batch(as_text, limit, oversize=hook, max_events=max_events)
+        return
+    assert pack_batch(as_text, limit, oversize=hook, max_events=max_events) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=20), slack=st.integers(-3, 3))
+def test_events_given_as_json_text_split_at_the_very_byte_of_the_event_by_event_path(
+    sizes: list[int], slack: int
+) -> None:
+    # Given a limit one byte either side of where a batch just fits; Then text events split
+    # exactly where the event-by-event loop does.
+    batch = _batch(sizes)
+    as_text = replace(batch, events=_AsText(batch.events))
+    (whole,) = pack_batch(batch, 1024 * 1024)
+    limit = len(whole.body) + PROPERTY_ALLOWANCE + slack
+    try:
+        expected = pack_batch(batch, limit, max_events=len(sizes) + 1)
+    except OversizeRowError:
+        return
+    assert pack_batch(as_text, limit) == expected
 
 
 def test_oversize_row_names_poller_and_pk() -> None:
