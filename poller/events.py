@@ -156,8 +156,9 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
         return [], []
     by_name: dict[str, Sequence[Any]] = dict(zip(keys, zip(*tuples, strict=True), strict=True))
     raw: Sequence[Any] = by_name.pop(columns.raw_cursor) if columns.raw_cursor is not None else by_name[cursor]
+    distinct: Distinct | None = None
     if columns.convert is not None:  # the event carries the typed value (appended when not selected)
-        by_name[cursor] = _converted(columns.convert, raw)
+        by_name[cursor], distinct = _converted(columns.convert, raw)
     event_cursor = by_name.get(cursor, raw)
     if any(map(isinstance, event_cursor, repeat(tuple))):  # a composite cursor encodes differently
         return None
@@ -165,7 +166,7 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     if columns.soft_delete is not None:
         ops = ["upsert" if f is None or f is False or f == 0 else "delete" for f in by_name[columns.soft_delete]]
     pk_names = columns.pk
-    texts = _page_texts(ids, by_name, cursor, event_cursor, pk_names, ops)
+    texts = _page_texts(ids, by_name, cursor, event_cursor, pk_names, ops, distinct)
     if texts is not None:
         return texts
     event_ids = ids.many(
@@ -222,14 +223,31 @@ def _page_docs(
     return docs
 
 
-def _converted(convert: Callable[[Any], tuple[Any, Any]], raw: Sequence[Any]) -> list[Any]:
-    """The typed cursor of every row. Stored text (SQLite) is converted once per distinct value:
-    rows sharing a timestamp share its text, and equal strings convert alike (unlike equal
-    datetimes or numbers, whose text can differ)."""
+# A column as its distinct values and each row's index into them.
+Distinct = tuple[list[Any], list[int]]
+
+
+def _converted(convert: Callable[[Any], tuple[Any, Any]], raw: Sequence[Any]) -> tuple[list[Any], Distinct | None]:
+    """The typed cursor of every row. Stored text (SQLite) is converted once per distinct value
+    (then also returned as distinct values and each row's index): rows sharing a timestamp share
+    its text, and equal strings convert alike (unlike equal datetimes or numbers, whose text can
+    differ)."""
     if set(map(type, raw)) == {str}:
-        typed = {text: convert(text)[1] for text in dict.fromkeys(raw)}
-        return list(map(typed.__getitem__, raw))
-    return [convert(v)[1] for v in raw]
+        at = {text: index for index, text in enumerate(dict.fromkeys(raw))}
+        values = [convert(text)[1] for text in at]
+        rows = list(map(at.__getitem__, raw))
+        return list(map(values.__getitem__, rows)), (values, rows)
+    return [convert(v)[1] for v in raw], None
+
+
+def _distinct_json(distinct: Distinct) -> ColumnJson | None:
+    """:func:`column_json` of a column given as its distinct values: each encoded once."""
+    values, rows = distinct
+    encoded = column_json(values)
+    if encoded is None:
+        return None
+    pieces, spec, tag = encoded
+    return list(map(pieces.__getitem__, rows)), spec, tag
 
 
 def _page_texts(
@@ -239,6 +257,7 @@ def _page_texts(
     event_cursor: Sequence[Any],
     pk_names: tuple[str, ...],
     ops: list[str] | None,
+    distinct: Distinct | None = None,
 ) -> EncodedEvents | None:
     """Every event's JSON text (exactly ``dumps(encode_event(event))``) from one %-template.
 
@@ -250,13 +269,15 @@ def _page_texts(
     """
     json: dict[str, ColumnJson] = {}
     for name, values in by_name.items():
-        if (encoded := column_json(values)) is None:
+        converted = distinct if name == cursor else None  # the typed cursor, as distinct values
+        if (encoded := column_json(values) if converted is None else _distinct_json(converted)) is None:
             return None
         json[name] = encoded
     cursor_json = json[cursor] if cursor in json else column_json(event_cursor)
     if cursor_json is None or any(p not in json for p in pk_names):
         return None
-    event_ids = ids.of_columns({p: by_name[p] for p in pk_names}, event_cursor)
+    pk = {p: by_name[p] for p in pk_names}
+    event_ids = ids.of_columns(pk, event_cursor) if distinct is None else ids.of_columns(pk, *distinct)
     if event_ids is None:
         return None
     types: dict[str, Any] = {"cursor": cursor_json[2]} if cursor_json[2] is not None else {}

@@ -94,15 +94,21 @@ class EventIds:
             ids.append("ev-" + h.hexdigest()[:40])
         return ids
 
-    def of_columns(self, pk: Mapping[str, Sequence[Any]], cursors: Sequence[CursorValue]) -> list[str] | None:
+    def of_columns(
+        self, pk: Mapping[str, Sequence[Any]], cursors: Sequence[CursorValue], index: Sequence[int] | None = None
+    ) -> list[str] | None:
         """The same ids as :meth:`many`, from a page's pk columns and cursor column: the canonical
         bytes of every row come from one template (one orjson call a column), and each row is
-        hashed once over them. None when a value needs the fallback form (then use ``many``)."""
+        hashed once over them. With ``index``, ``cursors`` holds distinct values and ``index`` each
+        row's index into them (rows sharing a cursor value encode it once). None when a value
+        needs the fallback form (then use ``many``)."""
         try:
             columns = {name: _canonical_column(values) for name, values in pk.items()}
             cursor_pieces, cursor_spec = _canonical_column(cursors)
         except TypeError:
             return None
+        if index is not None:
+            cursor_pieces = list(map(cursor_pieces.__getitem__, index))
         names = sorted(columns)  # OPT_SORT_KEYS: pk keys in code point order, as orjson sorts them
         keys = [dumps(name).replace(b"%", b"%%") + b":" + columns[name][1] for name in names]
         template = self._head.replace(b"%", b"%%") + b"[{" + b",".join(keys) + b"}," + cursor_spec + b"]"

@@ -229,7 +229,8 @@ def _messages(poller: Any, source: SqlSource, page: Page, limit: int) -> list[Ou
     return pack_batch(page_batch(poller, source.fingerprint, page), limit)
 
 
-def _varied_table(url: str) -> tuple[str, sa.Engine]:
+def _varied_table(url: str, nulls: bool) -> tuple[str, sa.Engine]:
+    """Without ``nulls``, only untagged columns hold NULLs: every page takes the template path."""
     engine = sa.create_engine(url)
     name = unique_name("enc")
     md = sa.MetaData()
@@ -252,13 +253,13 @@ def _varied_table(url: str) -> tuple[str, sa.Engine]:
         {
             "id": i,
             "updated_at": start + dt.timedelta(microseconds=i // 3 * 250_001),  # ties across pages
-            "amount": None if i % 7 == 0 else Decimal(f"{i * 1.5:.4f}") * (-1 if i % 2 else 1),
-            "big": None if i % 5 == 0 else 2**62 + i if i % 3 else 2**53 + i,
-            "ref": None if i % 4 == 0 else uuid.UUID(int=i * 7919),
+            "amount": None if nulls and i % 7 == 0 else Decimal(f"{i * 1.5:.4f}") * (-1 if i % 2 else 1),
+            "big": None if nulls and i % 5 == 0 else 2**62 + i if i % 3 or not nulls else 2**53 + i,
+            "ref": None if nulls and i % 4 == 0 else uuid.UUID(int=i * 7919),
             "note": None if i % 6 == 0 else f'é😀 {i} "quoted" \\ {"x" * (i % 40)}',
             "ratio": None if i % 8 == 0 else i / 3,
             "day": dt.date(2026, 1, 1) + dt.timedelta(days=i),
-            "deleted_at": start if i % 9 == 0 else None,  # soft deletes
+            "deleted_at": start if nulls and i % 9 == 0 else None,  # soft deletes
         }
         for i in range(250)
     ]
@@ -267,13 +268,14 @@ def _varied_table(url: str) -> tuple[str, sa.Engine]:
     return name, engine
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=[("sqlite", True), ("postgresql", True), ("sqlite", False), ("postgresql", False)])
 def varied(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    url = f"sqlite:///{tmp_path / 'src.db'}" if request.param == "sqlite" else PG_URL
-    if request.param == "postgresql" and (reason := unreachable_reason(PG_URL)) is not None:
+    database, nulls = request.param
+    url = f"sqlite:///{tmp_path / 'src.db'}" if database == "sqlite" else PG_URL
+    if database == "postgresql" and (reason := unreachable_reason(PG_URL)) is not None:
         pytest.skip(reason)
-    name, engine = _varied_table(url)
-    yield make_poller(url, name, cursor="updated_at", soft_delete_column="deleted_at", cursor_timezone="UTC")
+    name, engine = _varied_table(url, nulls)
+    yield make_poller(url, name, cursor="updated_at", soft_delete_column="deleted_at", cursor_timezone="UTC"), nulls
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
     engine.dispose()
@@ -281,14 +283,19 @@ def varied(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 @pytest.mark.parametrize("limit", [256 * 1024, 16 * 1024])  # one message a page, and several
 def test_a_fetched_page_packs_into_the_very_messages_of_the_event_by_event_path(varied: Any, limit: int) -> None:
-    source = SqlSource(varied)
+    # Given pages of every common column type (with NULLs in tagged columns: per-row tags; without:
+    # the template path); Then the very messages of building and encoding every event.
+    poller, nulls = varied
+    source = SqlSource(poller)
     after, pages = None, 0
     while len(page := source.fetch(after, 100)):
         assert page.columns is not None  # the shortcut applies to this source
-        batch = page_batch(varied, source.fingerprint, page)
+        batch = page_batch(poller, source.fingerprint, page)
         fast = pack_batch(batch, limit)
         assert isinstance(batch.events, LazyEvents) and "not built yet" in repr(batch.events)  # no events built
+        encoded = batch.events.encoded()
+        assert encoded is not None and isinstance(encoded[1][0], str) is not nulls  # which path
         slow_page = Page(tuples=page.tuples, make_row=page.columns.row_builder())  # no columns: builds every event
-        assert fast == _messages(varied, source, slow_page, limit)  # bodies, message ids, event ids, properties
+        assert fast == _messages(poller, source, slow_page, limit)  # bodies, message ids, event ids, properties
         after, pages = page.last, pages + 1
     assert pages == 3
