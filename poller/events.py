@@ -143,7 +143,7 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
 
     Exactly what ``encode_event(to_event(...))`` gives for each row of the page
     (``tests/poller/test_page_encoding.py`` holds it to that). Usually each event comes out as
-    its JSON text, made by one %-template per page from each column's JSON pieces (see
+    its JSON bytes, made by one %-template per page from each column's JSON pieces (see
     :func:`_page_texts`); otherwise (values needing different tags in one column) as its
     ``encode_event`` dict, built from columns converted in one pass each. Either way each row is
     hashed once for its event id. None when the columns are not simple enough for a shortcut
@@ -259,7 +259,7 @@ def _page_texts(
     ops: list[str] | None,
     distinct: Distinct | None = None,
 ) -> EncodedEvents | None:
-    """Every event's JSON text (exactly ``dumps(encode_event(event))``) from one %-template.
+    """Every event's JSON (exactly ``dumps(encode_event(event))``) from one bytes %-template.
 
     The template is the event object with a slot for each value; each column is encoded once
     into JSON pieces (:func:`~shared.codec.column_json`), and the event ids come from the same
@@ -286,30 +286,35 @@ def _page_texts(
     if after_tags := {n: c[2] for n, c in json.items() if c[2] is not None}:
         types["after"] = after_tags
 
-    def slot(name: str) -> str:
-        return _literal(name) + ":" + json[name][1]
+    def slot(name: str) -> bytes:
+        return _literal(name) + b":" + json[name][1]
 
     template = (
-        '{"event_id":"%s","op":'
-        + ('"%s"' if ops is not None else '"upsert"')
-        + ',"pk":{'
-        + ",".join(map(slot, pk_names))
-        + '},"cursor":'
+        b'{"event_id":"%b","op":'
+        + (b'"%b"' if ops is not None else b'"upsert"')
+        + b',"pk":{'
+        + b",".join(map(slot, pk_names))
+        + b'},"cursor":'
         + cursor_json[1]
-        + ',"after":{'
-        + ",".join(map(slot, json))
-        + '},"before":null'
-        + (',"types":' + _literal(types) if types else "")
-        + "}"
+        + b',"after":{'
+        + b",".join(map(slot, json))
+        + b'},"before":null'
+        + (b',"types":' + _literal(types) if types else b"")
+        + b"}"
     )
     values = [json[p][0] for p in pk_names] + [cursor_json[0]] + [c[0] for c in json.values()]
-    rows = zip(event_ids, ops, *values, strict=True) if ops is not None else zip(event_ids, *values, strict=True)
-    return event_ids, list(map(template.__mod__, rows))
+    if ops is not None:
+        values.insert(0, list(map(_OP_BYTES.__getitem__, ops)))
+    ids_bytes = "\x1f".join(event_ids).encode().split(b"\x1f")  # ids are ASCII: three C calls
+    return event_ids, list(map(template.__mod__, zip(ids_bytes, *values, strict=True)))
 
 
-def _literal(value: Any) -> str:
-    """A fixed part of a %-template: its JSON text with ``%`` escaped."""
-    return dumps(value).decode().replace("%", "%%")
+_OP_BYTES = {"upsert": b"upsert", "delete": b"delete"}
+
+
+def _literal(value: Any) -> bytes:
+    """A fixed part of a %-template: its JSON with ``%`` escaped."""
+    return dumps(value).replace(b"%", b"%%")
 
 
 def _uniform_events(

@@ -150,13 +150,13 @@ def encode_column(values: Sequence[Any]) -> tuple[Sequence[Any], ColumnTags]:
 
 
 # What a column's values look like in JSON, for pages encoded by text templates (poller.events).
-ColumnJson = tuple[Sequence[Any], str, str | None]
+ColumnJson = tuple[Sequence[Any], bytes, str | None]
 _JSON_OPTION = orjson.OPT_NON_STR_KEYS
 
 
 def column_json(values: Sequence[Any]) -> ColumnJson | None:
-    """A non-empty column encoded as :func:`encode_column` does, as JSON text: ``(pieces, spec,
-    tag)``, where ``spec % piece`` is exactly what :func:`dumps` writes for each encoded value
+    """A non-empty column encoded as :func:`encode_column` does, as JSON: ``(pieces, spec, tag)``,
+    where ``spec % piece`` is exactly the bytes :func:`dumps` writes for each encoded value
     inside a document, and ``tag`` is the whole column's one tag.
 
     Common columns cost one encoder call, not one per value: a string column is one orjson call
@@ -179,31 +179,35 @@ def _column_json(values: Sequence[Any]) -> ColumnJson | None:
     if len(kinds) == 1:
         (kind,) = kinds
         if kind is int and min(values) >= -_SAFE_INT and max(values) <= _SAFE_INT:
-            return values, "%d", None
+            return values, b"%d", None
         if kind is str:
-            return orjson.dumps(values).decode()[2:-2].split('","'), '"%s"', None
+            return orjson.dumps(values)[2:-2].split(b'","'), b'"%b"', None
         if kind in _BY_TYPE:
             encode, tag = _BY_TYPE[kind]
-            return list(map(encode, values)), '"%s"', tag
+            return _as_bytes(list(map(encode, values))), b'"%b"', tag
         if kind is dt.datetime and (pieces := _iso_column(values)) is not None:
-            return pieces, '"%s"', "timestamp"
+            return pieces, b'"%b"', "timestamp"
     encoded, tags = encode_column(values)
     if isinstance(tags, list):
         return None
-    texts = map(orjson.dumps, encoded, repeat(None), repeat(_JSON_OPTION))
-    return list(map(bytes.decode, texts)), "%s", tags
+    return list(map(orjson.dumps, encoded, repeat(None), repeat(_JSON_OPTION))), b"%b", tags
 
 
-def _iso_column(values: Sequence[dt.datetime]) -> list[str] | None:
+def _as_bytes(texts: list[str]) -> list[bytes]:
+    """Texts without control characters (a Decimal's, a date's ...) as UTF-8, in three C calls."""
+    return "\x1f".join(texts).encode().split(b"\x1f")
+
+
+def _iso_column(values: Sequence[dt.datetime]) -> list[bytes] | None:
     """:func:`_iso` of every value, from one orjson call: orjson writes the same text except that
     it omits a zero microsecond (those values are formatted one by one) and an offset's seconds
     (then None: the caller formats each value)."""
     if not _whole_minute_offsets(values):
         return None
-    text = orjson.dumps(values).decode()
-    pieces = text.replace('+00:00"', 'Z"')[2:-2].split('","')
-    if text.count(".") != len(values):  # some on a whole second
-        return [piece if "." in piece else _iso(value) for piece, value in zip(pieces, values, strict=True)]
+    text = orjson.dumps(values)
+    pieces = text.replace(b'+00:00"', b'Z"')[2:-2].split(b'","')
+    if text.count(b".") != len(values):  # some on a whole second
+        return [p if b"." in p else _iso(value).encode() for p, value in zip(pieces, values, strict=True)]
     return pieces
 
 

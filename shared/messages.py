@@ -66,7 +66,10 @@ def _header(batch: Batch) -> bytes:
 
 
 def _message(batch: Batch, head: bytes, encoded: list[bytes], event_ids: list[str]) -> OutgoingMessage:
-    body = head + b",".join(encoded) + b"]}"
+    return _message_of(batch, head + b",".join(encoded) + b"]}", event_ids)
+
+
+def _message_of(batch: Batch, body: bytes, event_ids: list[str]) -> OutgoingMessage:
     return OutgoingMessage(
         message_id=idempotency_key(batch.poller, batch.source_fingerprint, event_ids),
         body=body,
@@ -81,8 +84,8 @@ def _message(batch: Batch, head: bytes, encoded: list[bytes], event_ids: list[st
     )
 
 
-# Every event's id, and either its encode_event form or its JSON text (exactly what dumps writes).
-EncodedEvents = tuple[list[str], list[dict[str, Any]] | list[str]]
+# Every event's id, and either its encode_event form or its JSON (exactly the bytes dumps writes).
+EncodedEvents = tuple[list[str], list[dict[str, Any]] | list[bytes]]
 
 
 @runtime_checkable
@@ -90,7 +93,7 @@ class PreEncoded(Protocol):
     """Events that hand over their ids and encoded forms without being built (the poller's pages)."""
 
     def encoded(self) -> EncodedEvents | None:
-        """Every event's id and its ``encode_event`` form or JSON text, in order; None when it cannot."""
+        """Every event's id and its ``encode_event`` form or JSON bytes, in order; None when it cannot."""
         ...
 
 
@@ -120,11 +123,10 @@ def pack_batch(
     event_ids, encoded_events = _encoded_events(batch.events)
     if not encoded_events:
         return []
-    if isinstance(encoded_events[0], str):  # each event's JSON text
-        texts: list[str] = encoded_events
-        if max_events is None and (packed := _pack_texts(batch, head, budget, event_ids, texts)) is not None:
+    if isinstance(encoded_events[0], bytes):  # each event's JSON
+        raws: list[bytes] = encoded_events
+        if max_events is None and (packed := _pack_raw(batch, head, budget, event_ids, raws)) is not None:
             return packed
-        raws = [text.encode() for text in texts]  # a rare case (a limit on events, an oversize row)
         return _pack_one_by_one(batch, head, budget, event_ids, raws.__getitem__, 0, [], oversize, max_events)
     docs: list[dict[str, Any]] = encoded_events
     messages: list[OutgoingMessage] = []
@@ -176,24 +178,26 @@ def _pack_one_by_one(
     return messages
 
 
-def _pack_texts(
-    batch: Batch, head: bytes, budget: int, event_ids: list[str], texts: list[str]
+def _pack_raw(
+    batch: Batch, head: bytes, budget: int, event_ids: list[str], raws: list[bytes]
 ) -> list[OutgoingMessage] | None:
-    """Pack events given as JSON text where the event-by-event loop would split, without it: the
-    byte sizes' running sums say where each message ends (a message takes events while
-    ``head + 2 + sum(size + 1)`` stays within the budget, and at least one). None when an event
-    is too big for a message alone (the loop's claim-check or error decides)."""
+    """Pack events given as JSON where the event-by-event loop would split, without it: the
+    sizes' running sums say where each message ends (a message takes events while ``head + 2 +
+    sum(size + 1)`` stays within the budget, and at least one). None when an event is too big for
+    a message alone (the loop's claim-check or error decides)."""
     room = budget - len(head) - 2
-    sizes = list(map(len, texts)) if "".join(texts).isascii() else [len(text.encode()) for text in texts]
+    sizes = list(map(len, raws))
     if max(sizes) > room:
         return None
-    ends = list(accumulate(map((1).__add__, sizes), initial=0))  # ends[k]: bytes of the first k events, commas included
+    ends = list(accumulate(map((1).__add__, sizes), initial=0))  # ends[k]: bytes of the first k events and commas
     out: list[OutgoingMessage] = []
-    start, count = 0, len(texts)
+    start, count = 0, len(raws)
     while start < count:
         stop = max(start + 1, min(count, bisect_right(ends, ends[start] + room) - 1))
-        body = ",".join(texts[start:stop]).encode()
-        out.append(_message(batch, head, [body], event_ids[start:stop]))
+        parts = raws[start:stop]
+        parts[0] = head + parts[0]  # the body in one join: it is often hundreds of KiB, and a large
+        parts[-1] += b"]}"  # temporary costs fresh pages
+        out.append(_message_of(batch, b",".join(parts), event_ids[start:stop]))
         start = stop
     return out
 
