@@ -60,8 +60,8 @@ class LazyEvents(Sequence[RowChange]):
         self._events: tuple[RowChange, ...] | None = None
 
     def encoded(self) -> EncodedEvents | None:
-        """Each event's id and its ``encode_event`` form, made without building the events; None
-        when this batch has no such shortcut (then encode the events)."""
+        """Each event's id and its ``encode_event`` form or JSON bytes, made without building the
+        events; None when this batch has no such shortcut (then encode the events)."""
         return self._encode() if self._encode is not None else None
 
     def _all(self) -> tuple[RowChange, ...]:
@@ -144,7 +144,7 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     Exactly what ``encode_event(to_event(...))`` gives for each row of the page
     (``tests/poller/test_page_encoding.py`` holds it to that). Usually each event comes out as
     its JSON bytes, made by one %-template per page from each column's JSON pieces (see
-    :func:`_page_texts`); otherwise (values needing different tags in one column) as its
+    :func:`_page_json`); otherwise (values needing different tags in one column) as its
     ``encode_event`` dict, built from columns converted in one pass each. Either way each row is
     hashed once for its event id. None when the columns are not simple enough for a shortcut
     (duplicate names, a composite cursor).
@@ -166,9 +166,9 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     if columns.soft_delete is not None:
         ops = ["upsert" if f is None or f is False or f == 0 else "delete" for f in by_name[columns.soft_delete]]
     pk_names = columns.pk
-    texts = _page_texts(ids, by_name, cursor, event_cursor, pk_names, ops, distinct)
-    if texts is not None:
-        return texts
+    encoded = _page_json(ids, by_name, cursor, event_cursor, pk_names, ops, distinct)
+    if encoded is not None:
+        return encoded
     event_ids = ids.many(
         (dict(zip(pk_names, r, strict=True)) for r in zip(*(by_name[p] for p in pk_names), strict=True)),
         event_cursor,
@@ -250,7 +250,7 @@ def _distinct_json(distinct: Distinct) -> ColumnJson | None:
     return list(map(pieces.__getitem__, rows)), spec, tag
 
 
-def _page_texts(
+def _page_json(
     ids: EventIds,
     by_name: dict[str, Sequence[Any]],
     cursor: str,
