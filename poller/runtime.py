@@ -20,7 +20,7 @@ from poller.tick import TickResult, default_owner_id, run_tick
 from shared.claimcheck import open_claim_check
 from shared.closing import close_and_clear
 from shared.config import Config
-from shared.servicebus import LazyServiceBusClient, QueueSender
+from shared.servicebus import EntityKind, LazyServiceBusClient, QueueSender
 from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 
@@ -75,7 +75,10 @@ class PollerRuntime:
     def _bus_sink(self) -> Sink:
         if self._bus is None:
             self._bus = LazyServiceBusClient(self.config.settings, self.config.app.servicebus_connection)
-        return ServiceBusSink(self.poller, QueueSender(self._bus(), self.poller.queue), claim_check=self._claim_check())
+        # A topic poller sends each batch once to its topic: every subscription gets a copy.
+        kind: EntityKind = "topic" if self.poller.is_topic else "queue"
+        sender = QueueSender(self._bus(), self.poller.queue, kind=kind)
+        return ServiceBusSink(self.poller, sender, claim_check=self._claim_check())
 
     def _storage_queue_sink(self) -> Sink:
         conn = storage_connection(self.config.settings, self.config.app.storage_queue_connection)

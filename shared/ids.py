@@ -24,6 +24,7 @@ __all__ = [
     "idempotency_key",
     "source_fingerprint",
     "split_message_id",
+    "subscription_split_message_id",
 ]
 
 
@@ -141,6 +142,17 @@ def idempotency_key(poller: str, fingerprint: str, event_ids: Iterable[str]) -> 
 def split_message_id(event_id: str) -> str:
     """Message id of the single-event message a failing batch is split into (crash-safe: stable)."""
     return "split-" + event_id
+
+
+def subscription_split_message_id(event_id: str, subscription: str) -> str:
+    """Message id of a single split off a failing batch in one topic subscription.
+
+    The singles go back to the topic, whose duplicate detection compares message ids across all
+    its subscriptions: two subscriptions splitting the same parent must not send the same ids, or
+    the second one's singles would be dropped. The subscription is part of the id (a name cannot
+    hold ``:``, so the id is unambiguous); the same parent and subscription give the same ids.
+    """
+    return f"split-{subscription}:{event_id}"
 
 
 def source_fingerprint(definition: Mapping[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""The Service Bus adapter both sides use: clients from settings, a reusable queue sender, and
-the one place SDK errors become dbfanout errors (STYLE R2).
+"""The Service Bus adapter both sides use: clients from settings, a reusable queue (or topic)
+sender, and the one place SDK errors become dbfanout errors (STYLE R2).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 from azure.servicebus.exceptions import (
@@ -21,9 +21,12 @@ from shared.logs import get_logger, ids
 from shared.messages import OutgoingMessage
 from shared.settings import ServiceBusConnection, Settings, servicebus_connection
 
-__all__ = ["LazyServiceBusClient", "QueueSender", "bus_errors", "servicebus_client", "to_sdk_message"]
+__all__ = ["EntityKind", "LazyServiceBusClient", "QueueSender", "bus_errors", "servicebus_client", "to_sdk_message"]
 
 log = get_logger("servicebus")
+
+#: What a sender sends to: a queue, or a topic (every subscription gets a copy).
+EntityKind = Literal["queue", "topic"]
 
 
 def servicebus_client(conn: ServiceBusConnection, **kwargs: Any) -> ServiceBusClient:
@@ -64,21 +67,24 @@ class LazyServiceBusClient:
 
 
 @contextmanager
-def bus_errors(op: str, queue: str) -> Iterator[None]:
-    """Map SDK errors to EnqueueError (and OversizeRowError), ``from`` the original."""
+def bus_errors(op: str, queue: str, *, kind: EntityKind = "queue") -> Iterator[None]:
+    """Map SDK errors to EnqueueError (and OversizeRowError), ``from`` the original.
+
+    ``kind`` names the entity in the messages (``"topic"`` for a topic poller's sends).
+    """
     try:
         yield
     except MessageSizeExceededError as exc:
-        raise OversizeRowError(f"{op} to queue {queue}: the broker rejected a message as too large") from exc
+        raise OversizeRowError(f"{op} to {kind} {queue}: the broker rejected a message as too large") from exc
     except MessagingEntityNotFoundError as exc:
         raise EnqueueError(
-            f"{op}: queue {queue} does not exist",
-            hint="create the queue (infra/ does, one per poller) or fix the poller's queue key",
+            f"{op}: {kind} {queue} does not exist",
+            hint=f"create the {kind} (infra/ does, one per poller) or fix the poller's {kind} key",
         ) from exc
     except ServiceBusError as exc:
-        raise EnqueueError(f"{op} to queue {queue} failed: {type(exc).__name__}: {exc}") from exc
+        raise EnqueueError(f"{op} to {kind} {queue} failed: {type(exc).__name__}: {exc}") from exc
     except (OSError, TimeoutError) as exc:
-        raise EnqueueError(f"{op} to queue {queue} failed: {type(exc).__name__}: {exc}") from exc
+        raise EnqueueError(f"{op} to {kind} {queue} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def to_sdk_message(message: OutgoingMessage) -> ServiceBusMessage:
@@ -97,15 +103,20 @@ def _props(message: OutgoingMessage) -> dict[str | bytes, Any]:
 
 
 class QueueSender:
-    """One sender per queue, opened once and reused (opening costs about a second).
+    """One sender per queue (or topic: ``kind="topic"``), opened once and reused (opening costs
+    about a second).
 
     ``send_all`` returns only when the broker accepted every message; after any failure the
-    sender is closed so the next call opens a fresh link.
+    sender is closed so the next call opens a fresh link. A topic gets the very same messages as
+    a queue would (ids, bodies, properties); each of its subscriptions receives a copy.
     """
 
-    def __init__(self, client: ServiceBusClient, queue: str, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, client: ServiceBusClient, queue: str, *, kind: EntityKind = "queue", timeout: float = 30.0
+    ) -> None:
         self._client = client
         self.queue = queue
+        self.kind: EntityKind = kind
         self._timeout = timeout
         self._sender: ServiceBusSender | None = None
         self._lock = threading.Lock()
@@ -115,7 +126,7 @@ class QueueSender:
             return
         with self._lock:
             try:
-                with bus_errors("send", self.queue):
+                with bus_errors("send", self.queue, kind=self.kind):
                     self._send_batches(self._open(), messages)
             except EnqueueError:
                 self._close_quietly()
@@ -123,7 +134,10 @@ class QueueSender:
 
     def _open(self) -> ServiceBusSender:
         if self._sender is None:
-            self._sender = self._client.get_queue_sender(self.queue)
+            if self.kind == "topic":
+                self._sender = self._client.get_topic_sender(self.queue)
+            else:
+                self._sender = self._client.get_queue_sender(self.queue)
         return self._sender
 
     def _send_batches(self, sender: ServiceBusSender, messages: Sequence[OutgoingMessage]) -> None:
@@ -137,14 +151,14 @@ class QueueSender:
                 pass
             if len(batch) == 0:
                 raise OversizeRowError(
-                    f"message {message.message_id} ({len(message.body)} bytes) exceeds the queue's batch limit"
+                    f"message {message.message_id} ({len(message.body)} bytes) exceeds the {self.kind}'s batch limit"
                 )
             sender.send_messages(batch, timeout=self._timeout)
             batch = sender.create_message_batch()
             batch.add_message(sdk_message)
         if len(batch):
             sender.send_messages(batch, timeout=self._timeout)
-        log.debug("messages sent", extra=ids(queue=self.queue, messages=len(messages)))
+        log.debug("messages sent", extra=ids(**{self.kind: self.queue}, messages=len(messages)))
 
     def _close_quietly(self) -> None:
         sender, self._sender = self._sender, None

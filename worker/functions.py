@@ -1,9 +1,10 @@
-"""The queue side of ``function_app.py``: one Service Bus trigger per queue (``work_<queue>``).
+"""The queue side of ``function_app.py``: one Service Bus trigger per queue (``work_<queue>``)
+and one per topic subscription (``work_<topic>_<subscription>``).
 
 Settlement follows the host's autoComplete semantics: returning completes the message,
 raising abandons it (delivery count + 1), and Service Bus dead-letters it after the queue's
-MaxDeliveryCount. Splitting a failing multi-event message sends the singles first and then
-returns, so the parent completes only after every single was accepted.
+(the subscription's) MaxDeliveryCount. Splitting a failing multi-event message sends the singles
+first and then returns, so the parent completes only after every single was accepted.
 """
 
 from __future__ import annotations
@@ -35,12 +36,18 @@ __all__ = [
     "delivery_from_functions",
     "delivery_from_storage_queue",
     "queue_function_name",
+    "subscription_function_name",
     "worker_blueprint",
 ]
 
 
 def queue_function_name(queue: str) -> str:
     return "work_" + re.sub(r"\W", "_", queue)
+
+
+def subscription_function_name(topic: str, subscription: str) -> str:
+    """``work_<topic>_<subscription>``, every non-word character as ``_`` (like :func:`queue_function_name`)."""
+    return queue_function_name(f"{topic}_{subscription}")
 
 
 def delivery_from_storage_queue(msg: func.QueueMessage) -> Delivery:
@@ -94,6 +101,8 @@ class WorkerApp:
 
     def _sender_for(self, queue: str) -> QueueSender | StorageQueueSender:
         app = self.config.app
+        if queue in self.config.topics():  # a topic poller's singles go back to its topic
+            return QueueSender(self._bus(), queue, kind="topic")
         if _transport(self.config, queue) == "storage-queue":
             conn = storage_connection(self.config.settings, app.storage_queue_connection)
             return StorageQueueSender(queue_service_client(conn).get_queue_client(queue))
@@ -121,8 +130,9 @@ class WorkerApp:
             claims = self._claims
         return claims.resolve(event)
 
-    def process(self, msg: func.ServiceBusMessage) -> None:
-        self.worker.process(delivery_from_functions(msg))
+    def process(self, msg: func.ServiceBusMessage, subscription: str | None = None) -> None:
+        """Handle a message of a queue, or of a topic's ``subscription``."""
+        self.worker.process(delivery_from_functions(msg), subscription)
 
     def process_queue_message(self, msg: func.QueueMessage) -> None:
         self.worker.process(delivery_from_storage_queue(msg))
@@ -138,16 +148,17 @@ def worker_blueprint(
 ) -> func.Blueprint:
     bp = func.Blueprint()
     shared = worker_app or WorkerApp(config, app_root)
+    names: dict[str, str] = {}  # function name -> the TOML key it came from
     for queue, pollers in config.queues().items():
+        name = _claim_name(names, queue_function_name(queue), f"pollers.{pollers[0].name}.queue")
         if _transport(config, queue) == "storage-queue":
             queue_trigger = bp.queue_trigger(
                 arg_name="msg", queue_name=queue, connection=config.app.storage_queue_connection
             )
-            bp.function_name(queue_function_name(queue))(queue_trigger(_storage_queue(shared, queue)))
+            bp.function_name(name)(queue_trigger(_storage_queue(shared, queue)))
             continue
         many = any(p.cardinality == "many" for p in pollers)
         sessions = any(p.sessions for p in pollers)
-        fn = _many(shared, queue) if many else _one(shared, queue)
         trigger = bp.service_bus_queue_trigger(
             arg_name="msg",
             connection=config.app.servicebus_connection,
@@ -155,8 +166,34 @@ def worker_blueprint(
             cardinality=func.Cardinality.MANY if many else func.Cardinality.ONE,
             is_sessions_enabled=sessions or None,
         )
-        bp.function_name(queue_function_name(queue))(trigger(fn))
+        bp.function_name(name)(trigger(_service_bus(shared, name, many)))
+    for topic, poller in config.topics().items():
+        for sub in poller.subscriptions.values():
+            key = f"pollers.{poller.name}.subscriptions.{sub.name}"
+            name = _claim_name(names, subscription_function_name(topic, sub.name), key)
+            many = sub.cardinality == "many"
+            trigger = bp.service_bus_topic_trigger(
+                arg_name="msg",
+                connection=config.app.servicebus_connection,
+                topic_name=topic,
+                subscription_name=sub.name,
+                cardinality=func.Cardinality.MANY if many else func.Cardinality.ONE,
+                is_sessions_enabled=poller.sessions or None,  # every subscription of the topic then
+            )
+            bp.function_name(name)(trigger(_service_bus(shared, name, many, sub.name)))
     return bp
+
+
+def _claim_name(names: dict[str, str], name: str, key: str) -> str:
+    """Reserve a function name; two entities mapping to one name would unindex the whole app."""
+    if name in names:
+        raise ConfigError(
+            key,
+            f"its function name {name} is already the function of {names[name]}",
+            hint="rename the queue, topic or subscription (non-word characters become '_' in function names)",
+        )
+    names[name] = key
+    return name
 
 
 def _transport(config: Config, queue: str) -> str:
@@ -179,30 +216,37 @@ def _storage_queue(app: WorkerApp, queue: str) -> Callable[[func.QueueMessage], 
     return work
 
 
-def _one(app: WorkerApp, queue: str) -> Callable[[func.ServiceBusMessage], None]:
-    def work(msg: func.ServiceBusMessage) -> None:
-        app.process(msg)
+def _service_bus(
+    app: WorkerApp, name: str, many: bool, subscription: str | None = None
+) -> Callable[[func.ServiceBusMessage], None] | Callable[[typing.List[func.ServiceBusMessage]], None]:  # noqa: UP006
+    """The function of a queue, or of a topic's ``subscription`` (it tells the worker which)."""
+    return _many(app, name, subscription) if many else _one(app, name, subscription)
 
-    work.__name__ = queue_function_name(queue)
+
+def _one(app: WorkerApp, name: str, subscription: str | None) -> Callable[[func.ServiceBusMessage], None]:
+    def work(msg: func.ServiceBusMessage) -> None:
+        app.process(msg, subscription)
+
+    work.__name__ = name
     return work
 
 
 # The Python worker accepts typing.List[...] on a binding but rejects PEP 585 list[...] ("invalid
 # non-type annotation"), and one function that fails to load unindexes the whole app.
-def _many(app: WorkerApp, queue: str) -> Callable[[typing.List[func.ServiceBusMessage]], None]:  # noqa: UP006
+def _many(app: WorkerApp, name: str, subscription: str | None) -> Callable[[typing.List[func.ServiceBusMessage]], None]:  # noqa: UP006
     def work(msg: typing.List[func.ServiceBusMessage]) -> None:  # noqa: UP006
         # Handle every message; fail the invocation (all are redelivered) if any failed.
         errors: list[Exception] = []
         for one in msg:
             try:
-                app.process(one)
+                app.process(one, subscription)
             except Exception as exc:  # re-raised below, after the others had their turn
                 exc.add_note(f"message_id={one.message_id} delivery_count={one.delivery_count}")
                 errors.append(exc)
         if errors:
             raise batch_failure(errors, len(msg))
 
-    work.__name__ = queue_function_name(queue)
+    work.__name__ = name
     return work
 
 

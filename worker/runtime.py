@@ -3,6 +3,10 @@
 Used by the queue-triggered functions of ``function_app.py`` and usable from any Service Bus
 consumer. Raising from :meth:`Worker.process` means "fail the message" (abandon → retry →
 dead-letter after MaxDeliveryCount); returning means "complete it".
+
+A topic poller's messages are processed per subscription (``process(delivery, subscription)``):
+the subscription's handler runs, its MaxDeliveryCount decides when to split, and the singles go
+back to the topic for that subscription alone.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from worker.handlers import Handler, call_handler, load_handler
 from worker.settlement import Settle, decide
 from worker.split import Splitter
 
-__all__ = ["Delivery", "Worker"]
+__all__ = ["Delivery", "HandlerKey", "Worker"]
 
 log = get_logger("worker")
+
+#: Handlers are cached per poller and subscription (None for a queue poller).
+HandlerKey = tuple[str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,45 +48,64 @@ class Delivery:
 
 
 class Worker:
-    """Decodes batches and dispatches them to the handler configured for their poller."""
+    """Decodes batches and dispatches them to the handler configured for their poller (or for the
+    topic subscription they were received on)."""
 
     def __init__(
         self,
         config: Config,
         *,
         splitter: Splitter | None = None,
-        handlers: Mapping[str, Handler] | None = None,
+        handlers: Mapping[str, Handler] | Mapping[HandlerKey, Handler] | None = None,
         app_root: Path | None = None,
         resolve_claims: Callable[[RowChange], RowChange] | None = None,
     ) -> None:
+        """``handlers`` replace configured ones: by poller name, or by ``(poller, subscription)``."""
         self._config = config
         self._splitter = splitter
-        self._handlers: dict[str, Handler] = dict(handlers or {})
+        self._handlers: dict[HandlerKey, Handler] = {
+            (key if isinstance(key, tuple) else (key, None)): h for key, h in (handlers or {}).items()
+        }
         self._app_root = app_root
         self._resolve_claims = resolve_claims
 
-    def handler_for(self, poller: str) -> Handler:
-        if poller not in self._handlers:
-            cfg = self._config.pollers.get(poller)
-            if cfg is None:
-                raise EnvelopeError(f"message is for poller {poller!r}, which this app does not configure")
-            if cfg.handler is None:
-                raise ConfigError(f"pollers.{poller}.handler", "no handler configured for this poller")
-            self._handlers[poller] = load_handler(cfg.handler, key=f"pollers.{poller}.handler", app_root=self._app_root)
-        return self._handlers[poller]
+    def handler_for(self, poller: str, subscription: str | None = None) -> Handler:
+        """The handler of ``poller`` (queue pollers) or of its ``subscription`` (topic pollers), cached."""
+        key = (poller, subscription)
+        if key not in self._handlers:
+            spec, where = self._handler_spec(poller, subscription)
+            self._handlers[key] = load_handler(spec, key=where, app_root=self._app_root)
+        return self._handlers[key]
 
-    def process(self, delivery: Delivery) -> Settle:
-        """Handle one message. Returns COMPLETE or SPLIT (both: complete it); raises to fail it."""
-        try:
-            batch = decode_batch(delivery.body)
-        except EnvelopeError:
-            log.error(
-                "malformed message; it will reach the dead-letter queue",
-                extra=ids(message_id=delivery.message_id, delivery_count=delivery.delivery_count),
-                exc_info=True,
+    def _handler_spec(self, poller: str, subscription: str | None) -> tuple[str, str]:
+        """``(module:function, the TOML key naming it)`` for a message of ``poller`` received here."""
+        cfg = self._config.pollers.get(poller)
+        if cfg is None:
+            raise EnvelopeError(f"message is for poller {poller!r}, which this app does not configure")
+        if subscription is not None:
+            if not cfg.is_topic:
+                raise EnvelopeError(
+                    f"message of poller {poller!r} arrived on subscription {subscription!r}, "
+                    f"but that poller sends to queue {cfg.queue}, not to a topic"
+                )
+            return cfg.subscription(subscription).handler, f"pollers.{poller}.subscriptions.{subscription}.handler"
+        if cfg.is_topic:
+            raise ConfigError(
+                f"pollers.{poller}.subscriptions",
+                f"a message of topic poller {poller} was received without its subscription",
+                hint="receive it from one of the topic's subscriptions and pass that subscription to the worker",
             )
-            metrics.failures.add(1, {"stage": "decode"})
-            raise
+        if cfg.handler is None:
+            raise ConfigError(f"pollers.{poller}.handler", "no handler configured for this poller")
+        return cfg.handler, f"pollers.{poller}.handler"
+
+    def process(self, delivery: Delivery, subscription: str | None = None) -> Settle:
+        """Handle one message. Returns COMPLETE or SPLIT (both: complete it); raises to fail it.
+
+        ``subscription``: the topic subscription it was received on (None: a queue).
+        """
+        batch = self._decode(delivery)
+        handler = self._handler(batch, delivery, subscription)
         context = HandlerContext(
             poller=batch.poller,
             message_id=delivery.message_id,
@@ -87,17 +113,8 @@ class Worker:
             enqueued_time=delivery.enqueued_time,
             batch_id=batch.batch_id,
             application_properties=dict(delivery.application_properties),
+            subscription=subscription,
         )
-        try:
-            handler = self.handler_for(batch.poller)
-        except (ConfigError, EnvelopeError):
-            log.error(
-                "no handler for this message; it will reach the dead-letter queue",
-                extra=ids(poller=batch.poller, batch_id=batch.batch_id, message_id=delivery.message_id),
-                exc_info=True,
-            )
-            metrics.failures.add(1, {"stage": "handler-load", "poller": batch.poller})
-            raise
         started = time.perf_counter()
         try:
             # Claim-check references are resolved here, inside the failure path: a missing claim
@@ -109,16 +126,43 @@ class Worker:
         metrics.handler_duration.record(time.perf_counter() - started, {"poller": batch.poller})
         cfg = self._config.pollers[batch.poller]
         n_events = len(batch.events)
-        outcome = decide(error is None, n_events, delivery.delivery_count, cfg.split_after_deliveries, cfg.deliveries)
-        return self._carry_out(outcome, batch, delivery, error)
+        deliveries = cfg.deliveries_for(subscription)  # each subscription has its own MaxDeliveryCount
+        outcome = decide(error is None, n_events, delivery.delivery_count, cfg.split_after_deliveries, deliveries)
+        return self._carry_out(outcome, batch, delivery, error, subscription)
+
+    def _decode(self, delivery: Delivery) -> Batch:
+        try:
+            return decode_batch(delivery.body)
+        except EnvelopeError:
+            log.error(
+                "malformed message; it will reach the dead-letter queue",
+                extra=ids(message_id=delivery.message_id, delivery_count=delivery.delivery_count),
+                exc_info=True,
+            )
+            metrics.failures.add(1, {"stage": "decode"})
+            raise
+
+    def _handler(self, batch: Batch, delivery: Delivery, subscription: str | None) -> Handler:
+        try:
+            return self.handler_for(batch.poller, subscription)
+        except (ConfigError, EnvelopeError):
+            keys = ids(
+                poller=batch.poller, subscription=subscription, batch_id=batch.batch_id, message_id=delivery.message_id
+            )
+            log.error("no handler for this message; it will reach the dead-letter queue", extra=keys, exc_info=True)
+            metrics.failures.add(1, {"stage": "handler-load", "poller": batch.poller})
+            raise
 
     def _events(self, batch: Batch) -> list[RowChange]:
         events = list(batch.events)
         return [self._resolve_claims(e) for e in events] if self._resolve_claims else events
 
-    def _carry_out(self, outcome: Settle, batch: Batch, delivery: Delivery, error: Exception | None) -> Settle:
+    def _carry_out(
+        self, outcome: Settle, batch: Batch, delivery: Delivery, error: Exception | None, subscription: str | None
+    ) -> Settle:
         keys = ids(
             poller=batch.poller,
+            subscription=subscription,
             batch_id=batch.batch_id,
             message_id=delivery.message_id,
             delivery_count=delivery.delivery_count,
@@ -135,8 +179,12 @@ class Worker:
                 exc_info=error,
             )
             # Singles first, parent completes after: a crash between them re-splits with the same ids.
+            # A topic poller's singles go to its topic, addressed to this subscription only.
             self._splitter.split(
-                batch, parent_message_id=delivery.message_id, queue=self._config.pollers[batch.poller].queue
+                batch,
+                parent_message_id=delivery.message_id,
+                queue=self._config.pollers[batch.poller].queue,
+                subscription=subscription,
             )
             metrics.messages_split.add(1, {"poller": batch.poller})
             return outcome
@@ -146,7 +194,8 @@ class Worker:
             exc_info=error,
         )
         metrics.failures.add(1, {"stage": "handler", "poller": batch.poller})
+        where = f"poller {batch.poller}" + (f" subscription {subscription}" if subscription else "")
         raise HandlerError(
-            f"handler for poller {batch.poller} failed on message {delivery.message_id} "
+            f"handler for {where} failed on message {delivery.message_id} "
             f"(delivery {delivery.delivery_count}): {error!r}"
         ) from error

@@ -104,3 +104,51 @@ def test_pollers_sharing_a_queue_must_share_its_transport(tmp_path: Path, monkey
     text = CONFIG.replace("use_monitor = false", 'use_monitor = false\ntransport = "storage-queue"')
     with pytest.raises(ConfigError, match="share queue customers-changes"):
         _import_app(tmp_path, monkeypatch, text)
+
+
+TOPIC_POLLER = """
+[pollers.stock]
+source_url = "${ORDERS_DB_URL}"
+table = "stock"
+cursor = "version"
+pk = ["sku"]
+topic = "stock.changes"
+sessions = true
+
+[pollers.stock.subscriptions.search]
+handler = "handlers.search:handle"
+cardinality = "many"
+
+[pollers.stock.subscriptions.cache-purge]
+handler = "handlers.cache:handle"
+"""
+
+
+def test_a_topic_poller_gets_one_subscription_trigger_per_subscription(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a topic poller with two subscriptions (names with non-word characters) beside queue pollers
+    module = _import_app(tmp_path, monkeypatch, CONFIG + TOPIC_POLLER)
+    functions = {f.get_function_name(): json.loads(f.get_function_json()) for f in module.app.get_functions()}
+    # Then its timer sends to the topic and each subscription has its own trigger, the queues unchanged
+    assert {"poll_stock", "work_stock_changes_search", "work_stock_changes_cache_purge"} <= set(functions)
+    assert {"work_orders_changes", "work_customers_changes"} <= set(functions)
+    (search,) = functions["work_stock_changes_search"]["bindings"]
+    assert search["type"] == "serviceBusTrigger" and "queueName" not in search
+    assert (search["topicName"], search["subscriptionName"]) == ("stock.changes", "search")
+    assert search["connection"] == "SB_CONN" and search["cardinality"] == "MANY"
+    assert search["isSessionsEnabled"] is True  # a session topic: every subscription requires sessions
+    (purge,) = functions["work_stock_changes_cache_purge"]["bindings"]
+    assert (purge["topicName"], purge["subscriptionName"]) == ("stock.changes", "cache-purge")
+    assert purge["cardinality"] == "ONE"
+
+
+def test_a_subscription_function_name_taken_by_a_queue_fails_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a queue whose function name is the one of a topic subscription (work_stock_changes_search)
+    clash = CONFIG.replace('queue = "orders-changes"', 'queue = "stock_changes_search"') + TOPIC_POLLER
+    with pytest.raises(ConfigError) as info:
+        _import_app(tmp_path, monkeypatch, clash)
+    assert info.value.key == "pollers.stock.subscriptions.search"
+    assert "work_stock_changes_search" in str(info.value)

@@ -1,4 +1,4 @@
-"""function_app.py loads under the platform's Python worker in every launch mode (issue 13).
+"""function_app.py loads under the platform's Python worker in every launch mode (issues 13, 15).
 
 Each case runs ``platform_judge.py`` in a subprocess with the ``sys.path`` a launch mode gives the
 real worker (a folder holding a plain ``worker`` module ahead of the app; the app joining later;
@@ -84,6 +84,32 @@ table = "orders"
 cursor = "updated_at"
 pk = ["id"]
 queue = "unset-changes"
+
+[pollers.fanout]
+source_url = "${ORDERS_DB_URL}"
+table = "orders"
+cursor = "updated_at"
+pk = ["id"]
+topic = "order-events"
+
+[pollers.fanout.subscriptions.search]
+handler = "handlers.example:handle"
+
+[pollers.fanout.subscriptions.audit]
+handler = "handlers.example:handle"
+cardinality = "many"
+
+[pollers.keyed]
+source_url = "${ORDERS_DB_URL}"
+table = "orders"
+cursor = "updated_at"
+pk = ["id"]
+topic = "keyed-events"
+sessions = true
+
+[pollers.keyed.subscriptions.ledger]
+handler = "handlers.example:handle"
+cardinality = "many"
 """
 
 # function -> (binding type, the binding fields the worker's metadata must carry)
@@ -106,6 +132,20 @@ EXPECTED: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "work_light_changes": ("queueTrigger", {"queueName": "light-changes", "connection": "QUEUE_CONN"}),
     "work_unset_changes": ("serviceBusTrigger", {"cardinality": "ONE", "queueName": "unset-changes"}),
+    "poll_fanout": ("timerTrigger", {"name": "timer"}),
+    "poll_keyed": ("timerTrigger", {"name": "timer"}),
+    "work_order_events_search": (
+        "serviceBusTrigger",
+        {"cardinality": "ONE", "topicName": "order-events", "subscriptionName": "search", "queueName": None},
+    ),
+    "work_order_events_audit": (
+        "serviceBusTrigger",
+        {"cardinality": "MANY", "topicName": "order-events", "subscriptionName": "audit", "queueName": None},
+    ),
+    "work_keyed_events_ledger": (
+        "serviceBusTrigger",
+        {"cardinality": "MANY", "isSessionsEnabled": True, "topicName": "keyed-events", "subscriptionName": "ledger"},
+    ),
 }
 
 
@@ -182,8 +222,9 @@ def _assert_expected_bindings(functions: dict[str, Any]) -> None:
 def test_every_launch_mode_indexes_the_app_with_the_same_bindings(
     mode: str, runtime_site: Path, tmp_path: Path
 ) -> None:
-    # Given the repository as the app folder and a config with every binding shape the app makes,
-    # and one poller whose source_url setting is missing
+    # Given the repository as the app folder and a config with every binding shape the app makes
+    # (queues and topic subscriptions, one and many, with and without sessions), and one poller
+    # whose source_url setting is missing
     env = _settings(tmp_path)
     # When the platform's worker indexes it in this launch mode
     result = launch(mode, REPO, [runtime_site], tmp_path, env)
