@@ -1,7 +1,8 @@
 """The Azure Functions app (Python v2 model): it only registers functions (STYLE R12).
 
-One timer per poller (``poll_<poller>``) and one Service Bus trigger per queue
-(``work_<queue>``), all read from ``dbfanout.toml`` (or the file ``DBFANOUT_CONFIG`` names).
+One timer per poller (``poll_<poller>``), one Service Bus trigger per queue (``work_<queue>``)
+and one per topic subscription (``work_<topic>_<subscription>``), all read from ``dbfanout.toml``
+(or the file ``DBFANOUT_CONFIG`` names).
 Importing this module reads the config and opens no connection.
 """
 

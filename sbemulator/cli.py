@@ -26,6 +26,10 @@ def _group() -> None:
 @app.command()
 def servicebus(
     config: Annotated[Path | None, typer.Option("--config", help="Official-format Config.json")] = None,
+    app_config: Annotated[
+        Path | None,
+        typer.Option("--app-config", help="A dbfanout.toml: declare its queues, topics and subscriptions"),
+    ] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="AMQP port; 0 picks a free one")] = 5672,
     http_port: Annotated[int, typer.Option("--http-port", help="GET /health port; 0 picks a free one")] = 5300,
@@ -39,6 +43,8 @@ def servicebus(
     logging.getLogger("sbemulator").setLevel(logging.DEBUG if verbose else logging.INFO)
     try:
         cfg = EmulatorConfig.from_file(config) if config else EmulatorConfig()
+        if app_config is not None:
+            cfg = _with_app_entities(cfg, app_config)
         emulator = Emulator(cfg, host=host, port=port, http_port=http_port, data_dir=data_dir)
         emulator.start()
     except (ConfigError, OSError) as exc:
@@ -64,6 +70,24 @@ def servicebus(
     finally:
         emulator.stop()
         typer.echo("stopped")
+
+
+def _with_app_entities(cfg: EmulatorConfig, app_config: Path) -> EmulatorConfig:
+    """``cfg`` plus the entities a dbfanout app needs (its pollers' queues, topics, subscriptions)."""
+    # dbfanout's own packages, imported only for --app-config: the emulator runs without them.
+    from dbfanout.ops.entities import emulator_config_for
+    from shared.config import load_config
+    from shared.errors import DbFanoutError
+    from shared.settings import load_settings
+
+    root = app_config.resolve().parent
+    try:
+        app = emulator_config_for(load_config(app_config, settings=load_settings(root), lenient_settings=True))
+    except DbFanoutError as exc:
+        raise ConfigError(f"--app-config {app_config}: {exc}") from exc
+    merged = EmulatorConfig(cfg.namespace, cfg.queues + app.queues, cfg.topics + app.topics)
+    merged.validate()
+    return merged
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
-"""Service Bus queue triggers: one peek-lock receiver per function, settled like autoComplete.
+"""Service Bus queue and topic-subscription triggers: one peek-lock receiver per function,
+settled like autoComplete.
 
 One pump thread owns the receiver and does every AMQP operation on it - receive, complete,
 abandon, renew - because SDK handlers are not thread-safe. User functions run on a thread pool
 of ``maxConcurrentCalls`` workers and hand their outcome back to the pump. Success completes
 the message, an exception abandons it (Service Bus counts the delivery and dead-letters at the
-queue's MaxDeliveryCount), through :func:`worker.settlement.settle_bus`. While a single-message
+queue's or subscription's MaxDeliveryCount), through :func:`worker.settlement.settle_bus`. While a single-message
 function runs, the pump renews its lock up to ``maxAutoLockRenewalDuration`` (the host does not
 renew for ``cardinality="many"``).
 """
@@ -16,6 +17,7 @@ import queue
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
@@ -39,25 +41,59 @@ log = get_logger("host.servicebus")
 
 @dataclass(frozen=True)
 class ServiceBusTrigger:
-    """What a ``serviceBusTrigger`` binding asks for: queue, connection, cardinality, sessions."""
+    """What a ``serviceBusTrigger`` binding asks for: a queue, or a topic and one of its
+    subscriptions; connection, cardinality, sessions.
+
+    ``queue`` is the entity the trigger receives from: the queue, or ``topic/Subscriptions/sub``.
+    """
 
     queue: str
     connection_name: str
     connection: ServiceBusConnection
     many: bool
     sessions: bool
+    topic: str | None = None
+    subscription: str | None = None
 
     @classmethod
     def of(cls, spec: FunctionSpec, settings: Mapping[str, str]) -> ServiceBusTrigger:
         trigger = spec.trigger
         name = str(trigger.get("connection") or "AzureWebJobsServiceBus")
+        topic, subscription = _topic_and_subscription(spec, settings)
+        queue = (
+            f"{topic}/Subscriptions/{subscription}"
+            if topic is not None
+            else resolve_setting(str(trigger.get("queueName", "")), settings, f"{spec.name}.queueName")
+        )
         return cls(
-            queue=resolve_setting(str(trigger.get("queueName", "")), settings, f"{spec.name}.queueName"),
+            queue=queue,
             connection_name=name,
             connection=servicebus_connection(settings, name),
             many=str(trigger.get("cardinality", "ONE")).upper() == "MANY",
             sessions=bool(trigger.get("isSessionsEnabled")),
+            topic=topic,
+            subscription=subscription,
         )
+
+    def receiver(self, client: ServiceBusClient, **kwargs: Any) -> ServiceBusReceiver:
+        """A receiver on the queue, or on the topic's subscription (``kwargs``: session id, waits)."""
+        if self.topic is not None and self.subscription is not None:
+            return client.get_subscription_receiver(self.topic, self.subscription, **kwargs)
+        return client.get_queue_receiver(self.queue, **kwargs)
+
+
+def _topic_and_subscription(spec: FunctionSpec, settings: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """``(topicName, subscriptionName)`` of a subscription trigger (``%SETTING%`` resolved); Nones for a queue."""
+    topic, subscription = spec.trigger.get("topicName"), spec.trigger.get("subscriptionName")
+    if not topic and not subscription:
+        return None, None
+    if not topic or not subscription:
+        missing = "subscriptionName" if topic else "topicName"
+        raise ConfigError(f"{spec.name}.{missing}", "a topic trigger names both topicName and subscriptionName")
+    return (
+        resolve_setting(str(topic), settings, f"{spec.name}.topicName"),
+        resolve_setting(str(subscription), settings, f"{spec.name}.subscriptionName"),
+    )
 
 
 def call_with_messages(spec: FunctionSpec, messages: list[ServiceBusReceivedMessage], many: bool) -> None:
@@ -76,13 +112,13 @@ class _Invocation:
 
 
 class QueueRunner(TriggerRunner[_Invocation]):
-    """Feeds one queue-triggered function until stopped."""
+    """Feeds one queue- (or subscription-) triggered function until stopped."""
 
     _idle_wait = 1.0  # how long a receive waits when no call runs
     _busy_wait = 0.1  # ... and while calls run, so finished ones are settled soon
 
     def __init__(self, spec: FunctionSpec, settings: Mapping[str, str], options: ServiceBusOptions) -> None:
-        trigger = ServiceBusTrigger.of(spec, settings)
+        self.trigger = trigger = ServiceBusTrigger.of(spec, settings)
         if trigger.sessions:
             raise ConfigError(
                 f"{spec.name}.isSessionsEnabled",
@@ -111,7 +147,7 @@ class QueueRunner(TriggerRunner[_Invocation]):
             client.close()
 
     def _pump(self, client: ServiceBusClient) -> None:
-        receiver = client.get_queue_receiver(self.queue, prefetch_count=self.options.prefetch_count)
+        receiver = self.trigger.receiver(client, prefetch_count=self.options.prefetch_count)
         with receiver:
             while not self._stop.is_set():
                 self._settle_finished(receiver, block=False)

@@ -1,4 +1,5 @@
-"""Session-enabled Service Bus queue triggers, served the way the Functions host serves them.
+"""Session-enabled Service Bus queue (and topic-subscription) triggers, served the way the
+Functions host serves them.
 
 The host's session processor (Service Bus extension 5.x) holds up to ``maxConcurrentSessions``
 sessions at once. Within a session it makes one call at a time (``maxConcurrentCallsPerSession``
@@ -99,8 +100,8 @@ class SessionQueueRunner(TriggerRunner[_Call]):
             client.close()
 
     def _serve_next_session(self, client: ServiceBusClient) -> None:
-        receiver = client.get_queue_receiver(
-            self.queue,
+        receiver = self.trigger.receiver(
+            client,
             session_id=NEXT_AVAILABLE_SESSION,
             max_wait_time=self._accept_wait,
             prefetch_count=self.options.prefetch_count,

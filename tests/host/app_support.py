@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,8 +90,11 @@ class AppDir:
         queues_json: dict[str, Any] | None = None,
         handler: str = "handlers.example:handle",
         poller_toml: str = "",
+        subscriptions: Mapping[str, Mapping[str, str | int]] | None = None,
     ) -> AppDir:
-        """``poller_toml``: more ``key = value`` lines for the poller's section."""
+        """``poller_toml``: more ``key = value`` lines for the poller's section. ``subscriptions``
+        (name → its keys, ``handler`` included) make the poller a topic poller: ``queue`` is then
+        the topic's name."""
         settings = app_settings(
             root, storage=storage, servicebus=servicebus, source_url=source_url, target_url=target_url
         )
@@ -113,21 +116,30 @@ source_url = "${{ORDERS_DB_URL}}"
 table = "orders"
 cursor = "version"
 pk = ["id"]
-queue = "{queue}"
+{"topic" if subscriptions else "queue"} = "{queue}"
 schedule = "{schedule}"
 batch_size = {batch_size}
 max_batches_per_tick = 50
 lease_ttl_seconds = 10
 settle_seconds = 0
 soft_delete_column = "deleted_at"
-handler = "{handler}"
+{"" if subscriptions else f'handler = "{handler}"'}
 transport = "{transport}"
 {poller_toml}
+{_subscription_tables(subscriptions or {})}
 """
         )
         if target_url is None:
             sqlite_engine(root / "target.db").dispose()  # WAL before the handler creates its tables
         return app
+
+
+def _subscription_tables(subscriptions: Mapping[str, Mapping[str, str | int]]) -> str:
+    """``[pollers.orders.subscriptions.NAME]`` tables (JSON strings and integers are TOML values)."""
+    return "\n".join(
+        f"[pollers.orders.subscriptions.{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
+        for name, keys in subscriptions.items()
+    )
 
 
 class HostProcess:
