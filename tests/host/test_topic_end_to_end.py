@@ -21,10 +21,13 @@ import pytest
 import sqlalchemy as sa
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusSubQueue
 
+from dbfanout.host.app_loader import FunctionSpec
+from dbfanout.host.servicebus import ServiceBusTrigger
 from dbfanout.ops.entities import emulator_config_for
 from sbemulator import Emulator
 from shared.codec import decode_batch
 from shared.config import load_config
+from shared.errors import ConfigError
 from shared.ids import subscription_split_message_id
 from shared.topology import PROP_TARGET
 from tests.host.app_support import SOURCE_DDL, AppDir, HostProcess, sqlite_engine, wait_for
@@ -37,8 +40,21 @@ POISON = 23
 PROBE = Path(__file__).with_name("topic_probe.py")
 
 
-def _topic_app(tmp_path: Path, azurite: Azurite, servicebus: Emulator, *, sessions: bool) -> AppDir:
-    """An app folder whose poller sends to a fresh topic with ``search`` and ``audit`` subscriptions."""
+SUBSCRIPTIONS: dict[str, dict[str, str | int]] = {
+    "search": {"handler": "topic_probe:record", "cardinality": "many"},
+    "audit": {"handler": "topic_probe:record_unless_poisoned", "max_delivery_count": 4},
+}
+
+
+def _topic_app(
+    tmp_path: Path,
+    azurite: Azurite,
+    servicebus: Emulator,
+    *,
+    sessions: bool = False,
+    subscriptions: dict[str, dict[str, str | int]] = SUBSCRIPTIONS,
+) -> AppDir:
+    """An app folder whose poller sends to a fresh topic with ``subscriptions`` (search and audit)."""
     topic = f"orders-{uuid.uuid4().hex[:10]}"
     app = AppDir.create(
         tmp_path / "app",
@@ -47,10 +63,7 @@ def _topic_app(tmp_path: Path, azurite: Azurite, servicebus: Emulator, *, sessio
         servicebus=servicebus.connection_string,
         batch_size=20,
         poller_toml=f"sessions = {'true' if sessions else 'false'}",
-        subscriptions={
-            "search": {"handler": "topic_probe:record", "cardinality": "many"},
-            "audit": {"handler": "topic_probe:record_unless_poisoned", "max_delivery_count": 4},
-        },
+        subscriptions=subscriptions,
     )
     shutil.copy(PROBE, app.root / "topic_probe.py")
     (app.root / "poison-id").write_text(str(POISON))
@@ -128,3 +141,43 @@ def test_a_poisoned_subscription_splits_and_dead_letters_alone_while_the_other_s
         target = props[PROP_TARGET]
         assert (target.decode() if isinstance(target, bytes) else target) == "audit"
         assert any(s["target"] == "audit" for s in audit)  # its good singles were handled too
+
+
+def test_two_subscriptions_splitting_the_same_batch_each_get_their_own_singles(
+    tmp_path: Path, azurite: Azurite, servicebus: Emulator
+) -> None:
+    # Given both subscriptions fail on the same poison row, so both split the same parent message
+    poisoned: dict[str, str | int] = {"handler": "topic_probe:record_unless_poisoned", "max_delivery_count": 4}
+    app = _topic_app(tmp_path, azurite, servicebus, subscriptions={"search": poisoned, "audit": poisoned})
+    host = HostProcess(app).start()
+    try:
+        # When both have dead-lettered the poison single
+        both = ("search", "audit")
+        dead = lambda: all(_stats(servicebus, app, sub)["dead_lettered"] == 1 for sub in both)  # noqa: E731
+        wait_for(dead, 120, "each subscription's poison to dead-letter")
+        # Then each handled every good row: the topic's duplicate detection dropped neither one's singles
+        good = set(range(1, ROWS + 1)) - {POISON}
+        wait_for(lambda: all({s["id"] for s in _seen(app, sub)} == good for sub in both), 60, "every good row twice")
+        assert host.terminate() == 0, host.log_tail()
+    finally:
+        host.stop_quietly()
+    # And each dead-letter queue holds the poison single addressed to that subscription
+    for sub in both:
+        (message,) = _dead_letters(servicebus, app, sub)
+        (event,) = decode_batch(b"".join(message.body)).events
+        assert event.pk == {"id": POISON}
+        assert message.message_id == subscription_split_message_id(event.event_id, sub)
+
+
+def test_a_subscription_binding_is_received_from_the_topics_subscription() -> None:
+    # Given a serviceBusTrigger binding naming a topic (through a %SETTING%) and a subscription
+    settings = {"SB": "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=v", "TOPIC": "orders"}
+    binding = {"type": "serviceBusTrigger", "name": "msg", "connection": "SB", "topicName": "%TOPIC%"}
+    spec = FunctionSpec("work_orders_audit", {**binding, "subscriptionName": "audit"}, lambda msg: None)
+    # Then the local host receives from orders/Subscriptions/audit
+    trigger = ServiceBusTrigger.of(spec, settings)
+    assert (trigger.topic, trigger.subscription, trigger.queue) == ("orders", "audit", "orders/Subscriptions/audit")
+    # And a binding with a topic but no subscription is refused, naming what is missing
+    with pytest.raises(ConfigError) as raised:
+        ServiceBusTrigger.of(FunctionSpec("work_orders", binding, lambda msg: None), settings)
+    assert raised.value.key == "work_orders.subscriptionName"
