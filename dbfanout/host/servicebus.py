@@ -5,9 +5,9 @@ One pump thread owns the receiver and does every AMQP operation on it - receive,
 abandon, renew - because SDK handlers are not thread-safe. User functions run on a thread pool
 of ``maxConcurrentCalls`` workers and hand their outcome back to the pump. Success completes
 the message, an exception abandons it (Service Bus counts the delivery and dead-letters at the
-queue's or subscription's MaxDeliveryCount), through :func:`worker.settlement.settle_bus`. While a single-message
-function runs, the pump renews its lock up to ``maxAutoLockRenewalDuration`` (the host does not
-renew for ``cardinality="many"``).
+queue's or the subscription's MaxDeliveryCount), through :func:`worker.settlement.settle_bus`.
+While a single-message function runs, the pump renews its lock up to
+``maxAutoLockRenewalDuration`` (the host does not renew for ``cardinality="many"``).
 """
 
 from __future__ import annotations
