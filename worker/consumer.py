@@ -3,7 +3,9 @@
 For anyone consuming a dbfanout queue outside Azure Functions (tests, benchmarks, custom hosts):
 success completes the message, an exception abandons it (delivery count + 1) so Service Bus
 dead-letters it after the queue's MaxDeliveryCount — what ``autoCompleteMessages`` does on
-Azure, through the same :func:`worker.settlement.settle_bus` as ``dbfanout run``.
+Azure, through the same :func:`worker.settlement.settle_bus` as ``dbfanout run``. On a topic
+subscription's receiver, process with that subscription:
+``functools.partial(worker.process, subscription="search")``.
 """
 
 from __future__ import annotations
