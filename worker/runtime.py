@@ -25,7 +25,7 @@ from shared.logs import get_logger, ids
 from shared.models import Batch, HandlerContext, RowChange
 from shared.telemetry import metrics
 from worker.handlers import Handler, call_handler, load_handler
-from worker.settlement import Settle, decide
+from worker.settlement import Settle, decide, split_first
 from worker.split import Splitter
 
 __all__ = ["Delivery", "HandlerKey", "Worker"]
@@ -106,6 +106,10 @@ class Worker:
         """
         batch = self._decode(delivery)
         handler = self._handler(batch, delivery, subscription)
+        cfg = self._config.pollers[batch.poller]
+        deliveries = cfg.deliveries_for(subscription)  # each subscription has its own MaxDeliveryCount
+        if self._splitter is not None and split_first(len(batch.events), delivery.delivery_count, deliveries):
+            return self._split_first(batch, delivery, subscription, deliveries)
         context = HandlerContext(
             poller=batch.poller,
             message_id=delivery.message_id,
@@ -124,11 +128,33 @@ class Worker:
         except Exception as exc:  # the user's code may raise anything; it fails the message
             error = exc
         metrics.handler_duration.record(time.perf_counter() - started, {"poller": batch.poller})
-        cfg = self._config.pollers[batch.poller]
         n_events = len(batch.events)
-        deliveries = cfg.deliveries_for(subscription)  # each subscription has its own MaxDeliveryCount
         outcome = decide(error is None, n_events, delivery.delivery_count, cfg.split_after_deliveries, deliveries)
         return self._carry_out(outcome, batch, delivery, error, subscription)
+
+    def _split_first(self, batch: Batch, delivery: Delivery, subscription: str | None, deliveries: int) -> Settle:
+        """Split a redelivered batch close to quarantine without running its handler (settlement.split_first)."""
+        assert self._splitter is not None
+        log.warning(
+            "multi-event message redelivered close to its MaxDeliveryCount; splitting it before its handler runs",
+            extra=ids(
+                poller=batch.poller,
+                subscription=subscription,
+                batch_id=batch.batch_id,
+                message_id=delivery.message_id,
+                delivery_count=delivery.delivery_count,
+                max_delivery_count=deliveries,
+                events=len(batch.events),
+            ),
+        )
+        self._splitter.split(
+            batch,
+            parent_message_id=delivery.message_id,
+            queue=self._config.pollers[batch.poller].queue,
+            subscription=subscription,
+        )
+        metrics.messages_split.add(1, {"poller": batch.poller})
+        return Settle.SPLIT
 
     def _decode(self, delivery: Delivery) -> Batch:
         try:

@@ -19,7 +19,7 @@ from azure.storage.queue import QueueClient, QueueMessage
 
 from shared.logs import get_logger, ids
 
-__all__ = ["CRASH_MARGIN", "Settle", "decide", "settle_bus", "settle_queue"]
+__all__ = ["CRASH_MARGIN", "Settle", "decide", "settle_bus", "settle_queue", "split_first"]
 
 log = get_logger("worker.settlement")
 
@@ -50,6 +50,18 @@ def decide(ok: bool, n_events: int, delivery_count: int, split_after: int, max_d
     if n_events > 1 and (delivery_count >= split_after or close_to_quarantine):
         return Settle.SPLIT
     return Settle.RAISE
+
+
+def split_first(n_events: int, delivery_count: int, max_deliveries: int = 10) -> bool:
+    """Whether to split a multi-event message before its handler runs.
+
+    A redelivery (``delivery_count`` > 1) that reaches the worker this close to quarantine (fewer
+    than :data:`CRASH_MARGIN` deliveries left after it) lost its earlier deliveries to failures or
+    crashes. If the handler crashes the host on it again (a row that kills the process, not one that
+    raises), :func:`decide` never gets to run and the batch would be dead-lettered whole. Split
+    first: each event then has its own deliveries, and only the row that kills is quarantined.
+    """
+    return n_events > 1 and delivery_count > 1 and max_deliveries - delivery_count < CRASH_MARGIN
 
 
 def settle_bus(

@@ -1,9 +1,10 @@
 """``dbfanout run`` under a crash storm: only poison rows reach the dead-letter queue.
 
-Crashes use up deliveries without calling the handler. Here the host is SIGKILLed at random
-moments, and also - deterministically - each time it is handed a redelivery of the poison row's
-multi-event batch (the worst case: every retry of that batch dies). With the queue's
-MaxDeliveryCount 3 (``max_delivery_count = 3``), the worker must split the batch on its first
+Crashes use up deliveries without a failure the worker can see. Here the host is SIGKILLed at
+random moments, and also - deterministically - every time its handler is given a poison row in a
+multi-event batch (a row that kills the process rather than raising). With the queue's
+MaxDeliveryCount 3 (``max_delivery_count = 3``), the worker must split such a batch before its
+handler runs again (worker.settlement.split_first), and split a batch that raises on its first
 failure, or the crashes dead-letter it whole, its healthy rows with it.
 """
 
@@ -31,7 +32,7 @@ KILLS = 20 if FULL else 4
 POISON = {37, ROWS - 11}
 
 CRASHY_HANDLER = '''
-"""The example handler, failing on poison rows, and crashing the host on a poison batch's redelivery."""
+"""The example handler: a poison row in a batch kills the host; a poison row alone raises."""
 import os
 import signal
 
@@ -40,7 +41,7 @@ from handlers.example import handle as replicate
 
 def handle(events, context):
     poison = [e for e in events if (e.after or {}).get("v") == "poison"]
-    if poison and len(events) > 1 and context.delivery_count > 1:
+    if poison and len(events) > 1:
         os.kill(os.getpid(), signal.SIGKILL)  # the host dies holding the batch: a delivery used up
     if poison:
         raise ValueError(f"poison rows {[e.pk for e in poison]}")

@@ -74,6 +74,23 @@ def test_close_to_max_delivery_count_a_failing_batch_is_split_on_its_first_failu
         make_worker(Handler(poison={"ev-1"}), sent=Sent()).process(delivery(batch(3), delivery_count=1))
 
 
+def test_a_batch_redelivered_close_to_max_delivery_count_is_split_before_its_handler_runs() -> None:
+    # Crashes (a row that kills the host) use up deliveries without a failure the worker could see:
+    # a batch arriving with fewer than CRASH_MARGIN deliveries left after this one is split unhandled
+    sent, handler = Sent(), Handler()
+    worker = make_worker(handler, sent=sent, max_delivery_count=3)
+    assert worker.process(delivery(batch(3), delivery_count=2, message_id="m-2")) is Settle.SPLIT
+    assert handler.calls == []  # the handler never saw the batch that may kill it
+    ((queue, singles),) = sent.messages
+    assert queue == QUEUE and event_ids(singles) == [("ev-0",), ("ev-1",), ("ev-2",)]
+    # its first delivery, a single, or a redelivery with deliveries to spare are handled as usual
+    assert worker.process(delivery(batch(3), delivery_count=1)) is Settle.COMPLETE
+    assert worker.process(delivery(batch(1), delivery_count=3)) is Settle.COMPLETE
+    relaxed = make_worker(handler, sent=Sent())
+    assert relaxed.process(delivery(batch(3), delivery_count=7)) is Settle.COMPLETE
+    assert len(handler.calls) == 3
+
+
 def test_a_single_event_is_never_split_it_fails_until_dead_lettered() -> None:
     sent = Sent()
     worker = make_worker(Handler(poison={"ev-0"}), sent=sent, max_delivery_count=3)

@@ -19,7 +19,7 @@ from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.support.azurite import Azurite
 from tests.support.ports import wait_until
-from worker.settlement import CRASH_MARGIN, Settle, decide, settle_bus, settle_queue
+from worker.settlement import CRASH_MARGIN, Settle, decide, settle_bus, settle_queue, split_first
 
 
 @pytest.mark.parametrize(
@@ -55,6 +55,24 @@ def test_a_failing_batch_close_to_max_delivery_count_is_split_at_once(
     assert CRASH_MARGIN == 3  # the table is written for it
     assert decide(False, 5, delivery_count, split_after, max_deliveries) is expected
     assert decide(False, 1, delivery_count, split_after, max_deliveries) is Settle.RAISE
+
+
+@pytest.mark.parametrize(
+    ("n_events", "delivery_count", "max_deliveries", "expected"),
+    [
+        (5, 1, 3, False),  # a first delivery is always handled
+        (5, 2, 3, True),  # a redelivery with one delivery left after it: split unhandled
+        (1, 2, 3, False),  # a single cannot be split
+        (5, 2, 10, False),  # room for crashes and a retry
+        (5, 7, 10, False),
+        (5, 8, 10, True),  # fewer than CRASH_MARGIN left after the eighth
+    ],
+)
+def test_split_first_before_the_handler_runs_close_to_quarantine(
+    n_events: int, delivery_count: int, max_deliveries: int, expected: bool
+) -> None:
+    assert CRASH_MARGIN == 3  # the table is written for it
+    assert split_first(n_events, delivery_count, max_deliveries) is expected
 
 
 # ---- Service Bus: complete on success, abandon on failure --------------------------------------
