@@ -23,7 +23,7 @@ the project's Service Bus emulator and a SQLite source in WAL mode.
 ``--baseline DIR`` runs the same harness on another checkout (``git worktree add /tmp/base COMMIT``):
 its host and its emulator (``PYTHONPATH=DIR``, its ``function_app.py`` and ``host.json``), the two
 alternating round by round, one table for both. ``--profile DIR`` runs both processes under
-``benchmarks/profiled.py`` (cProfile on every thread) and writes ``DIR/<contestant>/{host,emulator}.prof``.
+``benchmarks/profiled.py`` (a CPU-weighted sampler on every thread) and writes ``DIR/<contestant>/{host,emulator}.txt``.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def _code_env(code: Path) -> dict[str, str]:
 def _python(profile: Path | None, name: str) -> list[str]:
     if profile is None:
         return [sys.executable]
-    return [sys.executable, str(Path(__file__).with_name("profiled.py")), str(profile / f"{name}.prof")]
+    return [sys.executable, str(Path(__file__).with_name("profiled.py")), str(profile / name)]
 
 
 def _start_emulator(code: Path, tmp: Path, queue: str, profile: Path | None) -> tuple[subprocess.Popen[str], str]:
@@ -400,7 +400,7 @@ def main() -> None:
     )
     cat.add_argument("--repeat", type=int, default=1, help="rounds; contestants alternate their order")
     cat.add_argument("--baseline", type=Path, help="another checkout (git worktree add DIR COMMIT), run alike")
-    cat.add_argument("--profile", type=Path, help="write host.prof and emulator.prof (cProfile) per contestant here")
+    cat.add_argument("--profile", type=Path, help="write host.txt and emulator.txt (CPU profiles) per contestant here")
     cat.add_argument("--verbose", action="store_true", help="print the RSS samples of the first round")
     cat.add_argument("--timeout", type=float, default=3600.0)
     args = parser.parse_args()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.claimcheck import is_claim
 from shared.codec import decode_batch
 from shared.config import Config
 from shared.errors import ConfigError, EnvelopeError, HandlerError
@@ -181,7 +182,10 @@ class Worker:
 
     def _events(self, batch: Batch) -> list[RowChange]:
         events = list(batch.events)
-        return [self._resolve_claims(e) for e in events] if self._resolve_claims else events
+        resolve = self._resolve_claims
+        if resolve is None or not any(map(is_claim, events)):
+            return events  # the common case: no reference to swap, no call per event
+        return [resolve(e) if is_claim(e) else e for e in events]
 
     def _carry_out(
         self, outcome: Settle, batch: Batch, delivery: Delivery, error: Exception | None, subscription: str | None

@@ -163,3 +163,70 @@ def test_the_optional_change_field_round_trips_and_is_absent_when_unset(change: 
 def test_foreign_or_malformed_bodies_are_envelope_errors(body: bytes, why: str) -> None:
     with pytest.raises(EnvelopeError, match=why):
         codec.decode_batch(body)
+
+
+events_strategy = st.lists(
+    st.builds(
+        RowChange,
+        event_id=st.text(min_size=1, max_size=8),
+        op=st.sampled_from(["upsert", "delete"]),
+        pk=pks,
+        cursor=cursors,
+        after=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), st.one_of(scalars, st.none()), max_size=4)),
+        poller=st.just("orders"),
+        before=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), scalars, max_size=3)),
+        change=st.one_of(st.none(), st.sampled_from(["insert", "order.shipped"])),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=events_strategy)
+def test_decoding_a_batch_at_once_equals_decoding_each_event(events: list[RowChange]) -> None:
+    # Given a batch of events of every kind (tagged and untagged values, before, change)
+    body = codec.encode_batch(Batch("orders", "batch-1", "sha256:x", tuple(events)))
+    # When the batch is decoded at once, and each event on its own
+    at_once = codec.decode_batch(body).events
+    each = tuple(codec.decode_event(raw, "orders") for raw in codec.loads(body)["events"])
+    # Then both give the same events, with the same types (repr shows them), and every value round-trips
+    assert at_once == each and repr(at_once) == repr(each)
+    for event, again in zip(events, at_once, strict=True):
+        assert _same(event.cursor, again.cursor) and again.event_id == event.event_id and again.op == event.op
+        assert all(_same(v, again.pk[k]) for k, v in event.pk.items())
+        assert (again.after is None) is (event.after is None) and again.change == event.change
+
+
+GOOD = {"event_id": "e", "op": "upsert", "pk": {"id": 1}, "cursor": 1}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        ["not", "an", "object"],
+        "text",
+        {"op": "upsert", "pk": {}, "cursor": 1},
+        {**GOOD, "op": "merge"},
+        {**GOOD, "event_id": 7},
+        {**GOOD, "pk": [1]},
+        {**GOOD, "after": [1]},
+        {**GOOD, "before": "x"},
+        {**GOOD, "change": 7},
+        {**GOOD, "types": {"cursor": "nope"}},
+        {**GOOD, "types": {"pk": {"id": "timestamp"}}},
+        {**GOOD, "cursor": [1], "types": {"cursor": ["int", "int"]}},
+        {**GOOD, "after": {"at": "2026-01-01T00:00:00"}, "types": {"after": {"at": "timestamp"}}},
+    ],
+)
+def test_a_malformed_event_fails_the_batch_as_decoding_it_alone_does(raw: object) -> None:
+    # Given a batch whose second event is malformed
+    body = codec.dumps(
+        {"schema": "dbfanout.batch/1", "poller": "p", "batch_id": "b", "source_fingerprint": "f", "events": [GOOD, raw]}
+    )
+    # When it is decoded at once, and the bad event alone; Then both raise the same error
+    with pytest.raises(EnvelopeError) as alone:
+        codec.decode_event(raw, "p")
+    with pytest.raises(EnvelopeError) as at_once:
+        codec.decode_batch(body)
+    assert str(at_once.value) == str(alone.value)
