@@ -403,12 +403,16 @@ def main() -> None:
     cat.add_argument("--profile", type=Path, help="write host.txt and emulator.txt (CPU profiles) per contestant here")
     cat.add_argument("--verbose", action="store_true", help="print the RSS samples of the first round")
     cat.add_argument("--timeout", type=float, default=3600.0)
+    cat.add_argument("--keep", action="store_true", help="keep the app folders (host.log, handled.txt)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     try:
         latency(args, tmp) if args.mode == "latency" else catchup(args, tmp)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if getattr(args, "keep", False):
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
