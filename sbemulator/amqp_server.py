@@ -176,16 +176,20 @@ class AmqpServer:
             if capacity < 0:
                 self._close(conn, "transport closed its input")
                 return
-            buf = self._recv_buf  # received straight into one reused buffer, handed to proton from there
-            # Leave room for bytes the sequencer held back or grew (a renumbered delivery-id).
-            room = capacity - conn.sequencer.held - 32
-            n = conn.sock.recv_into(buf, max(1, min(room, RECV_CHUNK)))
+            # Received straight into one reused buffer, as much as the socket has, and handed to
+            # proton from there in as many pushes as it takes: proton's input buffer grows (up to
+            # the max frame size) only once it is full, so reading no more than its spare capacity
+            # took a large transfer in reads of a few bytes to a few hundred (~230 per 230 KB message).
+            n = conn.sock.recv_into(self._recv_buf, RECV_CHUNK)
             if n:
                 fixed = conn.sequencer.feed(self._recv_view[:n])
                 ptr, size = (self._recv_ptr, n) if fixed is None else (_ffi.from_buffer(fixed), len(fixed))
-                pushed = _lib.pn_transport_push(t, ptr, size) if size else 0
-                if pushed != size:  # an error code, or input beyond the capacity it reported
-                    raise OSError(f"proton took {pushed} of {size} bytes")
+                done = 0
+                while done < size:
+                    pushed = _lib.pn_transport_push(t, ptr + done, size - done)
+                    if pushed <= 0:  # an error code, or no room even after growing: a frame over the limit
+                        raise OSError(f"proton took {pushed} of {size - done} bytes")
+                    done += pushed
             else:
                 conn.transport.close_tail()
         except BlockingIOError:
