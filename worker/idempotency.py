@@ -58,8 +58,9 @@ class ProcessedEvents:
         """Record the events' ids and return those not seen before (call inside a transaction).
 
         PostgreSQL and SQLite record a whole batch in one multi-row statement (RETURNING names the
-        ids it inserted); MariaDB/MySQL, whose INSERT IGNORE cannot say which rows it skipped, one
-        statement per event. An id repeated within ``events`` is fresh once, at its first place.
+        ids it inserted; SQLAlchemy pages it under the driver's parameter limit); MariaDB/MySQL,
+        whose INSERT IGNORE cannot say which rows it skipped, one statement per event. An id
+        repeated within ``events`` is fresh once, at its first place.
         """
         events = list(events)
         if not events:
@@ -67,15 +68,19 @@ class ProcessedEvents:
         stmt = self._insert_ignoring_duplicates(conn.dialect.name)
         now = dt.datetime.now(dt.UTC)
         rows = [{"event_id": e.event_id, "poller": e.poller, "processed_at": now} for e in events]
-        if conn.dialect.name in ("postgresql", "sqlite"):
+        fresh: list[RowChange] = []
+        if conn.dialect.name in ("postgresql", "sqlite") and conn.dialect.insert_executemany_returning:
             inserted = {row[0] for row in conn.execute(stmt, rows)}
-            fresh: list[RowChange] = []
             for event in events:
                 if event.event_id in inserted:
                     inserted.discard(event.event_id)  # a repeat later in the batch is a duplicate
                     fresh.append(event)
             return fresh
-        return [event for event, row in zip(events, rows, strict=True) if conn.execute(stmt, row).rowcount == 1]
+        for event, row in zip(events, rows, strict=True):
+            result = conn.execute(stmt, row)
+            if result.first() is not None if result.returns_rows else result.rowcount == 1:
+                fresh.append(event)
+        return fresh
 
     def count(self) -> int:
         with self._engine.connect() as conn:
