@@ -44,6 +44,14 @@ def demo(
             "(default postgresql+psycopg://postgres@127.0.0.1:5432/postgres)",
         ),
     ] = None,
+    topic: Annotated[
+        bool,
+        typer.Option(
+            "--topic",
+            help="Fan out through a Service Bus topic with two subscriptions: replica (replicates, has the "
+            "poison bug, its DLQ is replayed) and audit (records every event; must see each exactly once)",
+        ),
+    ] = False,
     json_out: JsonOption = False,
 ) -> None:
     """Run the whole pipeline locally: writer, poller, Service Bus, workers, a poison row, DLQ replay.
@@ -53,6 +61,8 @@ def demo(
     # Loaded here, not at import: the demo pulls in the emulator, the SDKs and the host.
     if source not in ("keyset", "outbox", "pg-logical"):
         fail(f"--source must be keyset, outbox or pg-logical (got {source!r})", EXIT_USAGE)
+    if topic and source != "keyset":
+        fail("--topic runs with --source keyset (the default)", EXIT_USAGE)
     from dbfanout.demo import DemoOptions, run_demo
     from dbfanout.demo.services import ServiceError
     from dbfanout.demo.view import LiveView, render_summary
@@ -65,7 +75,7 @@ def demo(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with view:
-            options = DemoOptions(duration=duration, rate=rate, keep=keep, source=source, pg_url=pg_url)
+            options = DemoOptions(duration=duration, rate=rate, keep=keep, source=source, pg_url=pg_url, topic=topic)
             summary = run_demo(options, view.show)
     except KeyboardInterrupt:
         stderr.print("[yellow]interrupted: every process the demo started has been stopped[/]")

@@ -20,7 +20,16 @@ from dbfanout.demo.pg_source import PgDemoSource
 from dbfanout.demo.services import ServiceError, project_root
 from shared.outbox import create_outbox
 
-__all__ = ["APP_FILES", "SOURCE_DDL", "DemoApp", "app_settings", "sqlite_engine", "write_app_folder"]
+__all__ = [
+    "APP_FILES",
+    "SOURCE_DDL",
+    "TOPIC_SUBSCRIPTIONS",
+    "DemoApp",
+    "app_settings",
+    "config_text",
+    "sqlite_engine",
+    "write_app_folder",
+]
 
 APP_FILES = ("function_app.py", "host.json")
 SOURCE_DDL = (
@@ -52,7 +61,7 @@ servicebus_connection = "DBFANOUT_SERVICEBUS"
 
 [pollers.orders]
 source_url = "${{ORDERS_DB_URL}}"
-queue = "{queue}"
+{entity} = "{queue}"
 schedule = "*/1 * * * * *"
 batch_size = {batch_size}
 max_batches_per_tick = 50
@@ -69,6 +78,26 @@ cursor = "version"
 pk = ["id"]
 soft_delete_column = "deleted_at"
 handler = "dbfanout.demo.handler:handle"
+"""
+)
+# ``dbfanout demo --topic``: the same poller sends to a topic; two subscriptions each run their own
+# handler with their own retries, split and dead-letter queue (docs/operations.md, "Topics").
+TOPIC_SUBSCRIPTIONS = ("replica", "audit")
+TOPIC_CONFIG_TEMPLATE = (
+    _POLLER_TEMPLATE
+    + """\
+table = "orders"
+cursor = "version"
+pk = ["id"]
+soft_delete_column = "deleted_at"
+
+# Replicates into the target table; has the demo's bug for poison rows until the fix.
+[pollers.orders.subscriptions.replica]
+handler = "dbfanout.demo.handler:handle"
+
+# Records every event it is given: it must be given each exactly once.
+[pollers.orders.subscriptions.audit]
+handler = "dbfanout.demo.handler:handle_audit"
 """
 )
 # ``dbfanout demo --source outbox``: the writer hard-deletes and writes an outbox row per change in
@@ -139,6 +168,31 @@ def write_app_folder(root: Path, settings: dict[str, str]) -> None:
     (root / "local.settings.json").write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
 
 
+def config_text(
+    app_name: str,
+    queue: str,
+    *,
+    batch_size: int = 100,
+    outbox: bool = False,
+    topic: bool = False,
+    pg_logical: PgDemoSource | None = None,
+) -> str:
+    """The demo's ``dbfanout.toml`` (``queue`` names the topic with ``topic=True``)."""
+    if topic:
+        template = TOPIC_CONFIG_TEMPLATE
+    else:
+        template = PG_LOGICAL_CONFIG_TEMPLATE if pg_logical else OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
+    names = {"table": pg_logical.table, "slot": pg_logical.name} if pg_logical else {}
+    return template.format(
+        app_name=app_name,
+        entity="topic" if topic else "queue",
+        queue=queue,
+        batch_size=batch_size,
+        max_delivery_count=MAX_DELIVERY_COUNT,
+        **names,
+    )
+
+
 @dataclass
 class DemoApp:
     """Paths and settings of one demo app folder."""
@@ -165,7 +219,9 @@ class DemoApp:
         servicebus: str,
         batch_size: int = 100,
         outbox: bool = False,
+        topic: bool = False,
         pg_logical: PgDemoSource | None = None,
+        app_name: str | None = None,
     ) -> DemoApp:
         """Write the folder, create the source table and prepare the target database."""
         source_url = pg_logical.url if pg_logical else None
@@ -174,17 +230,9 @@ class DemoApp:
             FIX_SETTING: str(root / "handler-fixed"),
         }
         write_app_folder(root, settings)
-        app = cls(root, queue, settings)
-        template = PG_LOGICAL_CONFIG_TEMPLATE if pg_logical else OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
-        names = {"table": pg_logical.table, "slot": pg_logical.name} if pg_logical else {}
+        app = cls(root, queue, settings) if app_name is None else cls(root, queue, settings, app_name)
         app.config_file.write_text(
-            template.format(
-                app_name=app.app_name,
-                queue=queue,
-                batch_size=batch_size,
-                max_delivery_count=MAX_DELIVERY_COUNT,
-                **names,
-            )
+            config_text(app.app_name, queue, batch_size=batch_size, outbox=outbox, topic=topic, pg_logical=pg_logical)
         )
         engine = sqlite_engine(app.source_db)
         with engine.begin() as conn:

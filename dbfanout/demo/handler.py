@@ -11,18 +11,23 @@ once without a restart.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
+
+import sqlalchemy as sa
 
 from shared.models import HandlerContext, RowChange
 
 __all__ = [
+    "AUDIT_TABLE",
     "FIX_SETTING",
     "POISON_STATUS",
     "PoisonRowError",
     "as_row_change",
     "as_versioned_change",
     "handle",
+    "handle_audit",
     "handle_outbox",
     "handle_pg_logical",
     "is_fixed",
@@ -31,6 +36,10 @@ __all__ = [
 
 FIX_SETTING = "DBFANOUT_DEMO_FIX_FILE"
 POISON_STATUS = "poison"
+#: ``dbfanout demo --topic``: the audit subscription's record, one row per event id it was given.
+AUDIT_TABLE = "demo_audit"
+_audit_lock = threading.Lock()
+_audit_engine: list[sa.Engine] = []
 
 
 class PoisonRowError(RuntimeError):
@@ -84,3 +93,35 @@ def as_versioned_change(event: RowChange) -> RowChange:
     if event.op == "delete":
         return replace(event, cursor=float((event.before or {})["version"]) + 0.5)
     return replace(event, cursor=(event.after or {})["version"])
+
+
+def handle_audit(events: list[RowChange], context: HandlerContext) -> None:
+    """``dbfanout demo --topic``: the second subscription's handler. It never fails, and counts how
+    many times it was given each event: the demo checks every count is 1 (the replica subscription's
+    retries, split and DLQ replay are addressed to that subscription only)."""
+    engine = _audit()
+    with engine.begin() as conn:
+        for event in events:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {AUDIT_TABLE} (event_id, deliveries) VALUES (:id, 1) "
+                    "ON CONFLICT (event_id) DO UPDATE SET deliveries = deliveries + 1"
+                ),
+                {"id": event.event_id},
+            )
+
+
+def _audit() -> sa.Engine:
+    # Created on the first message (importing the handler opens nothing), in the target database.
+    with _audit_lock:
+        if not _audit_engine:
+            url = os.environ.get("TARGET_DB_URL")
+            if not url:
+                raise RuntimeError("the demo's audit handler needs the app setting TARGET_DB_URL")
+            engine = sa.create_engine(url, connect_args={"timeout": 30} if url.startswith("sqlite") else {})
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    f"CREATE TABLE IF NOT EXISTS {AUDIT_TABLE} (event_id TEXT PRIMARY KEY, deliveries INTEGER NOT NULL)"
+                )
+            _audit_engine.append(engine)
+        return _audit_engine[0]

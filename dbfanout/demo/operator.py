@@ -1,6 +1,6 @@
 """The operator's side of the story, done with the real CLI: replay the dead-letter queue.
 
-``python -m dbfanout.cli dlq replay QUEUE --all --yes --json --config dbfanout.toml`` runs as a
+``python -m dbfanout.cli dlq replay QUEUE[/SUBSCRIPTION] --all --yes --json --config dbfanout.toml`` runs as a
 child process, exactly as an operator would type it; the demo polls it, so the live view keeps
 moving while it runs.
 """
@@ -18,20 +18,20 @@ from dbfanout.demo.services import ChildProcess
 __all__ = ["ReplayRun", "replay_command"]
 
 
-def replay_command(app: DemoApp) -> list[str]:
-    """The operator's command line (also shown in the live view)."""
-    return [sys.executable, "-m", "dbfanout.cli", "dlq", "replay", app.queue, "--all", "--yes", "--json",
+def replay_command(app: DemoApp, entity: str | None = None) -> list[str]:
+    """The operator's command line: replay the queue's DLQ (or ``topic/subscription``'s)."""
+    return [sys.executable, "-m", "dbfanout.cli", "dlq", "replay", entity or app.queue, "--all", "--yes", "--json",
             "--config", str(app.config_file)]  # fmt: skip
 
 
 class ReplayRun:
     """One replay run in a child process."""
 
-    def __init__(self, app: DemoApp, env: Mapping[str, str], timeout: float = 120.0) -> None:
+    def __init__(self, app: DemoApp, env: Mapping[str, str], entity: str | None = None, timeout: float = 120.0) -> None:
         self._out = app.root / "replay.json"
         self._log = app.root / "replay.log"
         self._deadline = time.monotonic() + timeout
-        self._child = ChildProcess(replay_command(app), cwd=app.root, env=env, log=self._log, stdout=self._out)
+        self._child = ChildProcess(replay_command(app, entity), cwd=app.root, env=env, log=self._log, stdout=self._out)
         self.exit_code: int | None = None
         self.replayed = 0
         self.error: str | None = None

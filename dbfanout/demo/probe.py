@@ -3,7 +3,8 @@
 * enqueued: the poller's committed checkpoint in its state blob (the cursor is the writer's
   version, so it counts the changes handed to Service Bus);
 * handled / distinct / duplicates: the example handler's processed-events and duplicates tables;
-* queue and DLQ depth: the in-process emulator.
+* queue and DLQ depth: the in-process emulator (``--topic``: summed over the subscriptions);
+* ``--topic``: the audit subscription's record (events it was given, and how many more than once).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import sqlalchemy as sa
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 from azure.storage.blob import BlobServiceClient
 
+from dbfanout.demo.handler import AUDIT_TABLE
 from dbfanout.demo.writer import SourceWriter
 from sbemulator import Emulator
+from sbemulator.config import subscription_path
 from shared.codec import decode_state
 from shared.models import Lsn
 
@@ -41,9 +44,12 @@ class Snapshot:
     duplicates: int  # handled - distinct: redeliveries absorbed by the processed-events table
     dlq: int
     log: tuple[str, ...] = field(default=())
+    # --topic: events the audit subscription was given, and those given more than once (must be 0).
+    audit_events: int | None = None
+    audit_duplicates: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "enqueued_changes": self.enqueued,
             "handled_events": self.handled,
             "distinct_events": self.distinct,
@@ -51,18 +57,31 @@ class Snapshot:
             "queue_messages": self.queue_messages,
             "dlq": self.dlq,
         }
+        if self.audit_events is not None:
+            out["audit"] = {"events": self.audit_events, "given_more_than_once": self.audit_duplicates}
+        return out
 
 
 class Probe:
     """Reads the counters; cheap enough to run twice a second."""
 
     def __init__(
-        self, *, storage: str, app_name: str, poller: str, queue: str, emulator: Emulator, target: sa.Engine
+        self,
+        *,
+        storage: str,
+        app_name: str,
+        poller: str,
+        queue: str,
+        emulator: Emulator,
+        target: sa.Engine,
+        subscriptions: tuple[str, ...] = (),
     ) -> None:
         self._blob = BlobServiceClient.from_connection_string(storage).get_blob_client(
             "db-state", f"state/{app_name}/{poller}.json"
         )
-        self._queue = queue
+        # A topic's messages wait in its subscriptions: count those (and their DLQs).
+        self._entities = [subscription_path(queue, s) for s in subscriptions] or [queue]
+        self.topic = bool(subscriptions)
         self._emulator = emulator
         self.target = target
         self._last_checkpoint = 0
@@ -87,8 +106,8 @@ class Probe:
 
     def queue_depths(self) -> tuple[int, int]:
         """(messages in the queue, messages in its dead-letter queue)."""
-        stats = self._emulator.queue_stats(self._queue)
-        return stats["messages"], stats["dead_lettered"]
+        stats = [self._emulator.queue_stats(entity) for entity in self._entities]
+        return sum(s["messages"] for s in stats), sum(s["dead_lettered"] for s in stats)
 
     def handled(self) -> tuple[int, int]:
         """(distinct events handled, duplicates absorbed)."""
@@ -99,10 +118,19 @@ class Probe:
                 counts.append(int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()) if exists else 0)
         return counts[0], counts[1]
 
+    def audit(self) -> tuple[int, int]:
+        """(events the audit subscription was given, events it was given more than once)."""
+        with self.target.connect() as conn:
+            if conn.execute(sa.text("SELECT 1 FROM sqlite_master WHERE name = :t"), {"t": AUDIT_TABLE}).first() is None:
+                return 0, 0
+            row = conn.execute(sa.text(f"SELECT count(*), coalesce(sum(deliveries > 1), 0) FROM {AUDIT_TABLE}")).one()
+            return int(row[0]), int(row[1])
+
     def snapshot(self, writer: SourceWriter, *, started: float, phase: str, log: tuple[str, ...]) -> Snapshot:
         enqueued = self.checkpoint(writer)
         messages, dlq = self.queue_depths()
         distinct, duplicates = self.handled()
+        audit_events, audit_duplicates = self.audit() if self.topic else (None, None)
         return Snapshot(
             elapsed=time.monotonic() - started,
             phase=phase,
@@ -117,4 +145,6 @@ class Probe:
             duplicates=duplicates,
             dlq=dlq,
             log=log,
+            audit_events=audit_events,
+            audit_duplicates=audit_duplicates,
         )

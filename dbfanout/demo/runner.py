@@ -23,17 +23,32 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dbfanout.demo.appdir import MAX_DELIVERY_COUNT, SOURCE_DDL, DemoApp, sqlite_engine
+from dbfanout.demo.appdir import (
+    MAX_DELIVERY_COUNT,
+    SOURCE_DDL,
+    TOPIC_SUBSCRIPTIONS,
+    DemoApp,
+    config_text,
+    sqlite_engine,
+)
 from dbfanout.demo.compare import Comparison, compare, read_source, read_target
 from dbfanout.demo.operator import ReplayRun
 from dbfanout.demo.pg_source import DEFAULT_PG_URL, PgDemoSource
 from dbfanout.demo.probe import Probe, Snapshot
-from dbfanout.demo.services import ChildProcess, ServiceError, start_azurite, start_servicebus, wait_for
+from dbfanout.demo.services import (
+    ChildProcess,
+    ServiceError,
+    start_azurite,
+    start_servicebus,
+    start_servicebus_for,
+    wait_for,
+)
 from dbfanout.demo.writer import SourceWriter
 
 __all__ = ["DemoOptions", "run_demo"]
@@ -53,6 +68,12 @@ class DemoOptions:
     seed: int | None = None
     source: str = "keyset"  # or "outbox": hard deletes through an outbox table; "pg-logical": a slot
     pg_url: str | None = None  # --source pg-logical: the PostgreSQL to use
+    topic: bool = False  # a topic with two subscriptions (replica: poisoned and replayed; audit)
+
+    @property
+    def dlq_entity(self) -> str:
+        """What the operator replays: the queue, or the poisoned subscription of the topic."""
+        return f"{QUEUE}/{TOPIC_SUBSCRIPTIONS[0]}" if self.topic else QUEUE
 
     @property
     def drain_timeout(self) -> float:
@@ -122,14 +143,22 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
     with contextlib.ExitStack() as stack:
         if not options.keep:
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        emulator = start_servicebus(QUEUE, max_delivery_count=MAX_DELIVERY_COUNT, lock_duration=LOCK_DURATION)
+        app_name = "demo" + uuid.uuid4().hex[:6]
+        if options.topic:
+            # The emulator declares the topic, its subscriptions and their rules from the app's own config.
+            topic_config = config_text(app_name, QUEUE, topic=True)
+            emulator = start_servicebus_for(
+                topic_config, max_delivery_count=MAX_DELIVERY_COUNT, lock_duration=LOCK_DURATION
+            )
+        else:
+            emulator = start_servicebus(QUEUE, max_delivery_count=MAX_DELIVERY_COUNT, lock_duration=LOCK_DURATION)
         stack.callback(emulator.stop)
         azurite = start_azurite(workdir)
         stack.callback(azurite.stop)
         pg = _pg_source(options, stack)
         app = DemoApp.create(
             workdir / "app", queue=QUEUE, storage=azurite.connection_string, servicebus=emulator.connection_string,
-            outbox=options.source == "outbox", pg_logical=pg,
+            outbox=options.source == "outbox", topic=options.topic, pg_logical=pg, app_name=app_name,
         )  # fmt: skip
         env = _child_env(app)
         host = _start_host(app, env)
@@ -138,7 +167,7 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         stack.callback(target.dispose)
         probe = Probe(
             storage=azurite.connection_string, app_name=app.app_name, poller=POLLER, queue=QUEUE,
-            emulator=emulator, target=target,
+            emulator=emulator, target=target, subscriptions=TOPIC_SUBSCRIPTIONS if options.topic else (),
         )  # fmt: skip
         writer = SourceWriter(
             pg.engine() if pg else app.source_db, options.rate, seed=options.seed,
@@ -154,6 +183,9 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         how = {"outbox": "through the outbox (hard deletes)", "pg-logical": f"to {pg.table if pg else ''} on "
                "PostgreSQL (hard deletes, read from a replication slot)"}.get(options.source, "to orders")  # fmt: skip
         story.say(f"writing ~{options.rate:g} changes/s {how}; the host polls every second")
+        if options.topic:
+            story.say(f"one topic, {QUEUE}, two subscriptions: replica (replicates; has the poison bug) "
+                      "and audit (records each event it is given)")  # fmt: skip
         _loop(options, story, writer, probe, host, show, app, env)
         last = probe.snapshot(writer, started=story.started, phase="done", log=tuple(story.log))
         show(last)
@@ -230,12 +262,12 @@ def _advance(
     if story.phase == "quarantined" and t >= options.duration / 2:
         app.fix_file.touch()  # the handler checks this file on every call: the fix is live at once
         story.fixed = True
-        story.say("fix deployed; operator runs: dbfanout dlq replay orders-changes --all --yes")
-        story.replay = ReplayRun(app, env)
+        story.say(f"fix deployed; operator runs: dbfanout dlq replay {options.dlq_entity} --all --yes")
+        story.replay = ReplayRun(app, env, options.dlq_entity)
         story.phase = "replaying"
     if story.phase == "replaying" and story.replay is not None and story.replay.poll():
         if story.replay.exit_code == 0:
-            story.say(f"replayed {story.replay.replayed} message(s) from the DLQ into {app.queue}")
+            story.say(f"replayed {story.replay.replayed} message(s) from the DLQ of {options.dlq_entity}")
         else:
             story.problems.append(f"dlq replay failed: {story.replay.error}")
             story.say(f"dlq replay failed: {story.replay.error}")
@@ -262,12 +294,15 @@ def _summary(
         problems.append("the poison row never reached the dead-letter queue")
     if replayed == 0:
         problems.append("nothing was replayed from the dead-letter queue")
+    if options.topic:
+        problems += _audit_problems(last)
     ok = check.ok and not problems and last.dlq == 0
     return {
         "ok": ok,
         "duration_s": options.duration,
         "rate": options.rate,
         "source": options.source,
+        "topology": "topic" if options.topic else "queue",
         "written": {**writer.ops, "total": writer.written},
         "pipeline": {**last.to_json()},
         "dlq": {
@@ -282,6 +317,19 @@ def _summary(
         "problems": problems,
         "app_dir": str(kept.root.parent) if kept is not None else None,
     }
+
+
+def _audit_problems(last: Snapshot) -> list[str]:
+    """The audit subscription must have been given every event exactly once: none of the replica
+    subscription's retries, split singles or replay may reach it."""
+    problems = []
+    if last.audit_duplicates:
+        problems.append(f"the audit subscription was given {last.audit_duplicates} event(s) more than once")
+    if last.audit_events != last.distinct:
+        problems.append(
+            f"the audit subscription saw {last.audit_events} events, the replica subscription {last.distinct}"
+        )
+    return problems
 
 
 def _stop_quietly(writer: SourceWriter) -> None:

@@ -35,6 +35,13 @@ def _panel(s: Snapshot) -> Panel:
     table.add_row("duplicates absorbed", f"{s.duplicates:,}", "redelivered events skipped by processed-events")
     dlq_style = "bold red" if s.dlq else "green"
     table.add_row("dead-letter queue", Text(f"{s.dlq:,}", style=dlq_style), "poison messages in quarantine")
+    if s.audit_events is not None:
+        again = s.audit_duplicates or 0
+        table.add_row(
+            "audit subscription",
+            Text(f"{s.audit_events:,}", style="bold red" if again else "green"),
+            f"events it was given; {again:,} more than once (the replica's retries never reach it)",
+        )
     story = Text("\n".join(s.log[-6:]) or "starting...", style="cyan")
     title = f"dbfanout demo · {s.phase} · {s.elapsed:5.1f} s"
     return Panel(Group(table, Text(""), story), title=title, border_style="blue")
@@ -87,6 +94,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     d = summary["dlq"]
     table.add_row("poison", f"row {d['poison_id']}: dead-lettered {d['dead_lettered']}, replayed {d['replayed']}, "
                   f"left in DLQ {d['left']}")  # fmt: skip
+    audit = p.get("audit")
+    if audit is not None:
+        table.add_row("audit", f"{audit['events']:,} events given to the audit subscription, "
+                      f"{audit['given_more_than_once']:,} more than once")  # fmt: skip
     table.add_row("drained", f"in {summary['drain_seconds']:.1f} s")
     if not ok:
         for kind, found in check["mismatches"].items():

@@ -128,3 +128,26 @@ def test_demo_with_the_pg_logical_source_replicates_hard_deletes_exactly(pg_url:
         left = conn.execute(sa.text("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'dbfanout_demo_%'")).scalar()
     engine.dispose()
     assert left == 0  # the schema, and with it the slot and the publication, were dropped
+
+
+def test_demo_with_a_topic_quarantines_one_subscription_and_the_other_sees_no_duplicate() -> None:
+    # Given the topic variant: one topic, subscriptions replica (poisoned, replayed) and audit
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBFANOUT_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dbfanout.cli", "demo", "--duration", "20", "--json", "--topic"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    # Then the replica subscription replicated exactly, after its poison row went through its own DLQ
+    assert proc.returncode == 0, (summary, proc.stderr[-3000:])
+    assert summary["ok"] is True and summary["topology"] == "topic" and summary["problems"] == []
+    assert summary["check"]["exact_match"] is True
+    dlq = summary["dlq"]
+    assert dlq["dead_lettered"] >= 1 and dlq["replayed"] >= 1 and dlq["left"] == 0
+    # And the audit subscription was given every event exactly once: the replica's failed deliveries,
+    # its split singles and its replay were addressed to the replica subscription only
+    pipeline = summary["pipeline"]
+    assert pipeline["audit"]["events"] == pipeline["distinct_events"] > 0
+    assert pipeline["audit"]["given_more_than_once"] == 0
+    assert pipeline["enqueued_changes"] == summary["written"]["total"]
