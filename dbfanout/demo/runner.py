@@ -147,9 +147,7 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         if options.topic:
             # The emulator declares the topic, its subscriptions and their rules from the app's own config.
             topic_config = config_text(app_name, QUEUE, topic=True)
-            emulator = start_servicebus_for(
-                topic_config, max_delivery_count=MAX_DELIVERY_COUNT, lock_duration=LOCK_DURATION
-            )
+            emulator = start_servicebus_for(topic_config, lock_duration=LOCK_DURATION)
         else:
             emulator = start_servicebus(QUEUE, max_delivery_count=MAX_DELIVERY_COUNT, lock_duration=LOCK_DURATION)
         stack.callback(emulator.stop)

@@ -197,14 +197,15 @@ def start_servicebus(queue: str, *, max_delivery_count: int, lock_duration: str)
     return Emulator(config, port=0, http_port=None).start()
 
 
-def start_servicebus_for(config_toml: str, *, max_delivery_count: int, lock_duration: str) -> Emulator:
+def start_servicebus_for(config_toml: str, *, lock_duration: str) -> Emulator:
     """The emulator with the entities an app's ``dbfanout.toml`` needs (its queues, its topics with
-    their subscriptions and rules), as ``dbfanout emulator servicebus --app-config`` declares them."""
+    their subscriptions and rules, each with the config's MaxDeliveryCount), as
+    ``dbfanout emulator servicebus --app-config`` declares them."""
     import tomllib
 
     from dbfanout.ops.entities import emulator_config_for
     from shared.config import parse_config
 
     config = parse_config(tomllib.loads(config_toml), {}, lenient_settings=True)
-    entities = emulator_config_for(config, max_delivery_count=max_delivery_count, lock_duration=lock_duration)
+    entities = emulator_config_for(config, lock_duration=lock_duration)
     return Emulator(entities, port=0, http_port=None).start()
