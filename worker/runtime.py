@@ -135,7 +135,6 @@ class Worker:
 
     def _split_first(self, batch: Batch, delivery: Delivery, subscription: str | None, deliveries: int) -> Settle:
         """Split a redelivered batch close to quarantine without running its handler (settlement.split_first)."""
-        assert self._splitter is not None
         log.warning(
             "multi-event message redelivered close to its MaxDeliveryCount; splitting it before its handler runs",
             extra=ids(
@@ -148,6 +147,16 @@ class Worker:
                 events=len(batch.events),
             ),
         )
+        self._split(batch, delivery, subscription)
+        return Settle.SPLIT
+
+    def _split(self, batch: Batch, delivery: Delivery, subscription: str | None) -> None:
+        """Send the batch's singles (then the caller lets the parent complete).
+
+        Singles first, parent completes after: a crash between them re-splits with the same ids.
+        A topic poller's singles go to its topic, addressed to this subscription only.
+        """
+        assert self._splitter is not None
         self._splitter.split(
             batch,
             parent_message_id=delivery.message_id,
@@ -155,7 +164,6 @@ class Worker:
             subscription=subscription,
         )
         metrics.messages_split.add(1, {"poller": batch.poller})
-        return Settle.SPLIT
 
     def _decode(self, delivery: Delivery) -> Batch:
         try:
@@ -208,15 +216,7 @@ class Worker:
                 extra={**keys, "error": repr(error)},
                 exc_info=error,
             )
-            # Singles first, parent completes after: a crash between them re-splits with the same ids.
-            # A topic poller's singles go to its topic, addressed to this subscription only.
-            self._splitter.split(
-                batch,
-                parent_message_id=delivery.message_id,
-                queue=self._config.pollers[batch.poller].queue,
-                subscription=subscription,
-            )
-            metrics.messages_split.add(1, {"poller": batch.poller})
+            self._split(batch, delivery, subscription)
             return outcome
         log.warning(
             "handler failed; the message will be retried, then dead-lettered",
