@@ -118,6 +118,16 @@ class SqlSource:
     # ------------------------------------------------------------------------------ the port
 
     @property
+    def prefetch_pages(self) -> bool:
+        """Whether the tick may read the next page while it sends this one (poller.prefetch).
+
+        A keyset read has no side effects. It pays off with a database server, which runs the
+        query in its own process while the driver waits without the GIL; SQLite runs it in this
+        process, contending for the GIL with the encoding (measured slower: BENCHMARKS.md).
+        """
+        return self._dialect != "sqlite"
+
+    @property
     def fingerprint(self) -> str:
         return self._fingerprint
 

@@ -35,6 +35,7 @@ from poller.committer import Committer
 from poller.events import page_batch
 from poller.lease import LeaseKeeper
 from poller.ports import Page, Sink, Source, StateStore
+from poller.prefetch import PageReader, Prefetcher, Sequential
 from shared.config import PollerConfig
 from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
@@ -148,9 +149,10 @@ class Tick:
             poller.max_uncommitted_batches,
             name=f"committer-{self.name}",
         )
+        pages = self._reader(position)
         try:
             for _ in range(poller.max_batches_per_tick):
-                page = self.fetch(position)
+                page = pages.next()
                 nulls = max(nulls, page.skipped_null_cursors)
                 if not len(page):
                     reason = "caught_up"
@@ -171,8 +173,24 @@ class Tick:
             self._land_accepted(committer, keeper, failure)
             raise
         finally:
+            pages.close()
             committer.close()
         return TickResult(self.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
+
+    def _reader(self, first: Position | None) -> PageReader:
+        """Pages read one ahead on their own thread where the source allows it (keyset queries, no
+        side effects) and the poller does not ask for the strict order (max_uncommitted_batches = 1)."""
+        poller = self.poller
+        if getattr(self.source, "prefetch_pages", False) is True and poller.max_uncommitted_batches > 1:
+            return Prefetcher(
+                self.fetch,
+                first,
+                limit=poller.batch_size,
+                max_pages=poller.max_batches_per_tick,
+                pinned=self.source.pinned,
+                name=self.name,
+            )
+        return Sequential(self.fetch, first)
 
     def fetch(self, after: Position | None) -> Page:
         """The next keyset page after ``after``."""

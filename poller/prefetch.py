@@ -1,0 +1,106 @@
+"""Reading the next keyset page while the tick sends the current one.
+
+A keyset page's query depends only on where the previous page ended, so page N+1 can be read as
+soon as page N is, while N is encoded and sent. The database works (and the driver waits on its
+socket, without the GIL) while the tick's thread encodes. Nothing else changes: pages are still
+sent, and checkpoints committed, in order, and a page read ahead of a tick that stops (time budget,
+a failure) is dropped unsent: the next tick reads it again from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from poller.ports import Page
+from shared.models import Position
+
+__all__ = ["PageReader", "Prefetcher", "Sequential"]
+
+
+class PageReader:
+    """The pages of one tick, in keyset order."""
+
+    def next(self) -> Page:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop reading ahead (a page read but not taken is dropped)."""
+
+
+class Sequential(PageReader):
+    """Each page read when asked for, on the tick's thread (sources with side effects, strict order)."""
+
+    def __init__(self, fetch: Callable[[Position | None], Page], first: Position | None) -> None:
+        self._fetch = fetch
+        self._position = first
+
+    def next(self) -> Page:
+        page = self._fetch(self._position)
+        self._position = page.last if len(page) else self._position
+        return page
+
+
+class Prefetcher(PageReader):
+    """Reads up to ``max_pages`` pages on its own thread, one page ahead of the taker.
+
+    It stops after a short page (caught up), as the tick does. A fetch error is raised by the
+    :meth:`next` that would have returned that page.
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[Position | None], Page],
+        first: Position | None,
+        *,
+        limit: int,
+        max_pages: int,
+        pinned: Callable[[], AbstractContextManager[None]],
+        name: str,
+    ) -> None:
+        self._fetch, self._first, self._limit, self._max_pages, self._pinned = fetch, first, limit, max_pages, pinned
+        self._pages: queue.Queue[Page | BaseException] = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"prefetch-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with self._pinned():  # one pooled connection for the tick, on this thread
+                position = self._first
+                for _ in range(self._max_pages):
+                    if self._stop.is_set():
+                        return
+                    page = self._fetch(position)
+                    if not self._put(page) or len(page) < self._limit:
+                        return
+                    position = page.last
+        except BaseException as exc:  # handed to the taker, which raises it in the tick's thread
+            self._put(exc)
+
+    def _put(self, item: Page | BaseException) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._pages.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self) -> Page:
+        while True:
+            try:
+                item = self._pages.get(timeout=0.5)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._pages.empty():
+                    raise RuntimeError("the page reader stopped before the tick asked for its last page") from None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
