@@ -20,6 +20,7 @@ from typer.testing import CliRunner, Result
 
 from dbfanout.cli import app
 from dbfanout.commands.common import load
+from dbfanout.ops.entities import emulator_config_for
 from poller.sink_servicebus import ServiceBusSink
 from poller.sources import open_source
 from poller.state_blob import BlobStateStore, open_state_store
@@ -29,7 +30,6 @@ from sbemulator.testing import unique_queue
 from shared.config import Config
 from shared.servicebus import QueueSender
 from shared.settings import StorageConnection
-from shared.topology import RULE_NAME, subscription_rule
 from tests.poller.tick_support import RecordingSink, SourceTable
 from tests.support.azurite import Azurite
 from worker.consumer import settle_received
@@ -161,31 +161,24 @@ def workspace(tmp_path: Path, azurite: Azurite, servicebus: Emulator, monkeypatc
 
 
 def declare_topic(emulator: Emulator, config: Config, poller: str = "orders", **changes: dict[str, Any]) -> None:
-    """Create the poller's topic in the emulator as infra/ would: duplicate detection on, each
+    """Create the poller's topic in the emulator as ``dbfanout emulator servicebus --app-config``
+    declares it (:func:`dbfanout.ops.entities.emulator_config_for`: duplicate detection on, each
     configured subscription with its MaxDeliveryCount and the ``$Default`` rule of
-    :func:`shared.topology.subscription_rule`.
+    :func:`shared.topology.subscription_rule`), with a 5 s lock.
 
     ``changes`` per subscription name: Config.json keys that replace the made ones
     (``{"Properties": {...}}``, ``{"Rules": [...]}``); ``{"omit": True}`` leaves a configured
     subscription out; ``{"extra": True}`` adds one the config does not name."""
-    cfg = config.poller(poller)
+    topic = config.poller(poller).queue
+    (declared,) = (t.raw for t in emulator_config_for(config, lock_duration="PT5S").topics if t.name == topic)
     subs: list[dict[str, Any]] = []
-    for name in sorted(cfg.subscriptions):
-        sub: dict[str, Any] = {
-            "Name": name,
-            "Properties": {"MaxDeliveryCount": cfg.deliveries_for(name), "LockDuration": "PT5S",
-                           "RequiresSession": cfg.sessions},
-            "Rules": [{"Name": RULE_NAME, "Properties": {"FilterType": "Sql",
-                       "SqlFilter": {"SqlExpression": subscription_rule(cfg.subscription(name))}}}],
-        }  # fmt: skip
-        change = dict(changes.get(name, {}))
+    for sub in sorted(declared["Subscriptions"], key=lambda s: str(s["Name"])):
+        change = dict(changes.get(sub["Name"], {}))
         if change.pop("omit", False):
             continue
-        subs.append(sub | change)
+        subs.append(dict(sub) | change)
     subs.extend({"Name": name} for name, change in changes.items() if change.get("extra"))
-    emulator.create_topic(
-        {"Name": cfg.queue, "Properties": {"RequiresDuplicateDetection": True}, "Subscriptions": subs}
-    )
+    emulator.create_topic({**declared, "Subscriptions": subs})
 
 
 def topic_workspace_of(
