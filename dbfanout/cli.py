@@ -13,7 +13,8 @@ import sys
 
 import typer
 
-from sbemulator.cli import app as emulator_app
+from dbfanout.ops.entities import emulator_entities
+from sbemulator.cli import build_app as build_emulator_app
 from shared.logs import console_handler
 
 app = typer.Typer(
@@ -21,7 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(emulator_app, name="emulator", help="Start a local emulator (Service Bus).")
+app.add_typer(build_emulator_app(emulator_entities), name="emulator", help="Start a local emulator (Service Bus).")
 
 
 COMMAND_MODULES = ("run", "demo", "validate", "status", "checkpoint", "dlq")

@@ -17,6 +17,7 @@ Per dialect:
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,9 +25,19 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from shared.errors import DbFanoutError, FetchError, SourceError
+from shared.config import PollerConfig
+from shared.errors import ConfigError, DbFanoutError, FetchError, SourceError
 
-__all__ = ["db_errors", "dispose_engines", "make_engine"]
+__all__ = ["db_errors", "dispose_engines", "make_engine", "require_driver", "source_engine"]
+
+# The DBAPI module a URL's driver imports -> how a user gets it (requirements-drivers.txt lists them).
+_DRIVER_FIX = {
+    "psycopg": "uncomment psycopg[binary] in requirements-drivers.txt",
+    "psycopg2": "use a postgresql+psycopg:// URL and uncomment psycopg[binary] in requirements-drivers.txt",
+    "pymysql": "uncomment pymysql in requirements-drivers.txt",
+    "MySQLdb": "use a mysql+pymysql:// URL and uncomment pymysql in requirements-drivers.txt",
+    "pyodbc": "uncomment pyodbc in requirements-drivers.txt (and install the ODBC driver)",
+}
 
 # Driver messages that mean "fix the SQL", even when the driver calls them OperationalError (SQLite, MySQL).
 _PROGRAMMING_HINTS = (
@@ -52,14 +63,45 @@ def engine_options(url: str) -> dict[str, Any]:
     return options
 
 
-def make_engine(url: str) -> sa.Engine:
-    """The process-wide engine for ``url`` (created on first use, then reused)."""
+def make_engine(url: str, *, key: str = "source_url") -> sa.Engine:
+    """The process-wide engine for ``url`` (created on first use, then reused).
+
+    A driver that is not installed is a :class:`ConfigError` on ``key`` that names the package to
+    add, not SQLAlchemy's bare ``No module named ...`` from deep inside the first tick.
+    """
     with _LOCK:
         engine = _ENGINES.get(url)
         if engine is None:
-            engine = sa.create_engine(url, **engine_options(url))
+            try:
+                engine = sa.create_engine(url, **engine_options(url))
+            except ModuleNotFoundError as exc:
+                raise _missing_driver(key, sa.make_url(url).drivername, exc.name or "the driver") from exc
             _ENGINES[url] = engine
         return engine
+
+
+def source_engine(config: PollerConfig, engine: sa.Engine | None = None) -> sa.Engine:
+    """``engine`` if given (tests, tools), else the process-wide engine of the poller's ``source_url``."""
+    return engine if engine is not None else make_engine(config.source_url, key=f"pollers.{config.name}.source_url")
+
+
+def require_driver(module: str, key: str, what: str, *, label: str | None = None) -> None:
+    """Raise a :class:`ConfigError` on ``key`` when the DBAPI ``module`` does not import (``what``
+    needs it, ``label`` names it): a clear start-up error instead of an ImportError in a tick."""
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise _missing_driver(key, what, module, label) from exc
+
+
+def _missing_driver(key: str, what: str, module: str, label: str | None = None) -> ConfigError:
+    root = module.partition(".")[0]
+    return ConfigError(
+        key,
+        f"{what} needs {label or root + ' (not installed)'}: {_DRIVER_FIX.get(root, f'install {root}')}",
+        hint="locally, the extras dbfanout[postgres] / dbfanout[mysql] install the drivers; "
+        "in Azure, redeploy after editing requirements-drivers.txt",
+    )
 
 
 def dispose_engines() -> None:

@@ -34,7 +34,7 @@ from zoneinfo import ZoneInfo
 import orjson
 import sqlalchemy as sa
 
-from poller.engines import db_errors, make_engine
+from poller.engines import db_errors, source_engine
 from poller.keyset import CursorKind
 from poller.late_commits import settle_predicate
 from poller.ports import EventFields, Page, SourceRow
@@ -71,7 +71,7 @@ class OutboxSource:
         if config.kind != "outbox" or not config.table:
             raise ConfigError(f"pollers.{config.name}.kind", 'OutboxSource needs kind = "outbox" and a table')
         self._config = config
-        self._engine = engine if engine is not None else make_engine(config.source_url)
+        self._engine = source_engine(config, engine)
         self._dialect = self._engine.dialect.name
         if self._dialect not in _CREATED_KIND:
             raise ConfigError(

@@ -31,10 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg.adapt import Transformer
-from psycopg.pq import Format
 
-from poller.engines import db_errors, make_engine
+from poller.engines import db_errors, require_driver, source_engine
 from poller.pgoutput import Change, Decoder, Relation
 from poller.ports import EventFields, Page, SourceRow
 from shared.config import PollerConfig
@@ -108,8 +106,10 @@ class PgLogicalSource:
     def __init__(self, config: PollerConfig, engine: sa.Engine | None = None) -> None:
         if config.kind != "pg_logical" or not config.slot or not config.publication:
             raise ConfigError(f"pollers.{config.name}.kind", 'PgLogicalSource needs kind = "pg_logical"')
+        # psycopg 3 is an optional driver: checked (and imported) only when a pg_logical poller opens
+        require_driver("psycopg", f"pollers.{config.name}", 'kind = "pg_logical"', label="psycopg 3")
         self._config = config
-        self._engine = engine if engine is not None else make_engine(config.source_url)
+        self._engine = source_engine(config, engine)
         if self._engine.dialect.name != "postgresql":
             raise ConfigError(
                 f"pollers.{config.name}.kind",
@@ -387,6 +387,11 @@ def _listed(rel: Relation, tables: Sequence[str]) -> bool:
 
 def _loader(conn: sa.Connection) -> Any:
     """Text → Python with psycopg's own loaders: the same types a keyset fetch returns."""
+    # Imported here, not at module level: psycopg is an optional driver (requirements-drivers.txt),
+    # and apps whose pollers are keyset or outbox on another database never install it.
+    from psycopg.adapt import Transformer
+    from psycopg.pq import Format
+
     driver = conn.connection.driver_connection
     tx = Transformer(driver)
     loaders: dict[int, Any] = {}

@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlalchemy as sa
 
-from poller.engines import db_errors, make_engine
+from poller.engines import db_errors, source_engine
 from poller.keyset import (
     CursorKind,
     after_predicate,
@@ -88,7 +88,7 @@ class SqlSource:
 
     def __init__(self, config: PollerConfig, engine: sa.Engine | None = None) -> None:
         self._config = config
-        self._engine = engine if engine is not None else make_engine(config.source_url)
+        self._engine = source_engine(config, engine)
         self._dialect = self._engine.dialect.name
         self._url = redact_url(config.source_url)
         self._key = f"pollers.{config.name}"

@@ -1,10 +1,12 @@
 """``dbfanout emulator servicebus`` / ``python -m sbemulator``: run the emulator until stopped."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: typer reads the options of the command that build_app
+# defines at run time, and one of them depends on build_app's argument (a closure variable).
 
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -15,41 +17,58 @@ from sbemulator.config import EmulatorConfig
 from sbemulator.emulator import Emulator
 from sbemulator.errors import ConfigError
 
-app = typer.Typer(help="Local emulators.", no_args_is_help=True)
+#: Reads an app's own configuration file (``--app-config``) into the entities it needs. The emulator
+#: knows no app format: the operator package (``dbfanout emulator servicebus``) hands one in.
+AppEntities = Callable[[Path], EmulatorConfig]
 
 
-@app.callback()
-def _group() -> None:
-    """Local emulators (keeps `servicebus` a sub-command even while it is the only one)."""
+def build_app(app_entities: AppEntities | None = None) -> typer.Typer:
+    """The ``emulator`` command group; ``app_entities`` enables ``servicebus --app-config``."""
+    group = typer.Typer(help="Local emulators.", no_args_is_help=True)
+
+    @group.callback()
+    def _group() -> None:
+        """Local emulators (keeps `servicebus` a sub-command even while it is the only one)."""
+
+    @group.command()
+    def servicebus(
+        config: Annotated[Path | None, typer.Option("--config", help="Official-format Config.json")] = None,
+        app_config: Annotated[
+            Path | None,
+            typer.Option(
+                "--app-config",
+                help="A dbfanout.toml: declare its queues, topics and subscriptions",
+                hidden=app_entities is None,
+            ),
+        ] = None,
+        host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="AMQP port; 0 picks a free one")] = 5672,
+        http_port: Annotated[int, typer.Option("--http-port", help="GET /health port; 0 picks a free one")] = 5300,
+        data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Persist messages in this folder")] = None,
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections and closes")] = False,
+    ) -> None:
+        """Run a local Service Bus (AMQP) emulator until Ctrl-C or SIGTERM."""
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        # Set on our logger, not the root: under `dbfanout` the root logger is configured already
+        # (basicConfig above is then a no-op) and would otherwise swallow -v.
+        logging.getLogger("sbemulator").setLevel(logging.DEBUG if verbose else logging.INFO)
+        try:
+            cfg = EmulatorConfig.from_file(config) if config else EmulatorConfig()
+            if app_config is not None:
+                if app_entities is None:
+                    raise ConfigError("--app-config is read by the operator tools: run `dbfanout emulator servicebus`")
+                cfg = merged(cfg, app_entities(app_config))
+            emulator = Emulator(cfg, host=host, port=port, http_port=http_port, data_dir=data_dir)
+            emulator.start()
+        except (ConfigError, OSError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        _serve(emulator, cfg, host)
+
+    return group
 
 
-@app.command()
-def servicebus(
-    config: Annotated[Path | None, typer.Option("--config", help="Official-format Config.json")] = None,
-    app_config: Annotated[
-        Path | None,
-        typer.Option("--app-config", help="A dbfanout.toml: declare its queues, topics and subscriptions"),
-    ] = None,
-    host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="AMQP port; 0 picks a free one")] = 5672,
-    http_port: Annotated[int, typer.Option("--http-port", help="GET /health port; 0 picks a free one")] = 5300,
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Persist messages in this folder")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections and closes")] = False,
-) -> None:
-    """Run a local Service Bus (AMQP) emulator until Ctrl-C or SIGTERM."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    # Set on our logger, not the root: under `dbfanout` the root logger is configured already
-    # (basicConfig above is then a no-op) and would otherwise swallow -v.
-    logging.getLogger("sbemulator").setLevel(logging.DEBUG if verbose else logging.INFO)
-    try:
-        cfg = EmulatorConfig.from_file(config) if config else EmulatorConfig()
-        if app_config is not None:
-            cfg = _with_app_entities(cfg, app_config)
-        emulator = Emulator(cfg, host=host, port=port, http_port=http_port, data_dir=data_dir)
-        emulator.start()
-    except (ConfigError, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+def _serve(emulator: Emulator, cfg: EmulatorConfig, host: str) -> None:
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -72,22 +91,14 @@ def servicebus(
         typer.echo("stopped")
 
 
-def _with_app_entities(cfg: EmulatorConfig, app_config: Path) -> EmulatorConfig:
-    """``cfg`` plus the entities a dbfanout app needs (its pollers' queues, topics, subscriptions)."""
-    # dbfanout's own packages, imported only for --app-config: the emulator runs without them.
-    from dbfanout.ops.entities import emulator_config_for
-    from shared.config import load_config
-    from shared.errors import DbFanoutError
-    from shared.settings import load_settings
+def merged(cfg: EmulatorConfig, more: EmulatorConfig) -> EmulatorConfig:
+    """``cfg`` plus the queues and topics of ``more`` (validated: a name declared twice is refused)."""
+    result = EmulatorConfig(cfg.namespace, cfg.queues + more.queues, cfg.topics + more.topics)
+    result.validate()
+    return result
 
-    root = app_config.resolve().parent
-    try:
-        app = emulator_config_for(load_config(app_config, settings=load_settings(root), lenient_settings=True))
-    except DbFanoutError as exc:
-        raise ConfigError(f"--app-config {app_config}: {exc}") from exc
-    merged = EmulatorConfig(cfg.namespace, cfg.queues + app.queues, cfg.topics + app.topics)
-    merged.validate()
-    return merged
+
+app = build_app()
 
 
 def main() -> None:

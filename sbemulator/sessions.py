@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
-from sbemulator.entities import INFINITY, SessionRecord
+from sbemulator.config import QueueProperties
+from sbemulator.entities import INFINITY, Journal, SessionRecord, StoredMessage
 from sbemulator.errors import SessionCannotBeLockedError, SessionLockLostError
 
-if TYPE_CHECKING:
-    from sbemulator.queue import Queue
+
+class SessionQueue(Protocol):
+    """What a :class:`SessionTable` needs of its queue (:class:`sbemulator.queue.Queue` is one):
+    declared here so the two modules do not import each other."""
+
+    name: str
+    props: QueueProperties
+    journal: Journal
+
+    @property
+    def messages(self) -> Mapping[int, StoredMessage]: ...
+
+    def ready_session_keys(self) -> list[str | None]: ...
+
+    def unlock_session_messages(self, session_id: str, now: float) -> None: ...
 
 
 class SessionTable:
@@ -19,7 +34,7 @@ class SessionTable:
     and ``lost`` records the (session id, owner) so the AMQP layer can detach the receiver.
     """
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: SessionQueue) -> None:
         self._queue = queue
         self.records: dict[str, SessionRecord] = {}
         self.lost: list[tuple[str, object]] = []

@@ -10,13 +10,16 @@ the poller orders by key, and its ``$Default`` rule, :func:`shared.topology.subs
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from sbemulator.config import SUBSCRIPTION_KEYS, TOPIC_KEYS, EmulatorConfig, QueueConfig, QueueProperties, TopicConfig
-from shared.config import Config, PollerConfig
+from sbemulator.errors import ConfigError as EmulatorConfigError
+from shared.config import Config, PollerConfig, load_config
+from shared.errors import DbFanoutError
 from shared.topology import RULE_NAME, subscription_rule
 
-__all__ = ["emulator_config_for"]
+__all__ = ["emulator_config_for", "emulator_entities"]
 
 
 def emulator_config_for(config: Config, **queue_props: Any) -> EmulatorConfig:
@@ -95,3 +98,18 @@ def _json_properties(props: QueueProperties, allowed: frozenset[str]) -> dict[st
         if key in allowed and value != "":  # "" (no forwarding) is left out, as Config.json does
             out[key] = render(value)
     return out
+
+
+def emulator_entities(app_config: Path) -> EmulatorConfig:
+    """``dbfanout emulator servicebus --app-config F``: the entities the app of ``F`` needs.
+
+    Settings resolve leniently (a ``${NAME}`` that is not set does not matter to the emulator);
+    a bad file is reported as the emulator's own configuration error.
+    """
+    from shared.settings import load_settings
+
+    try:
+        config = load_config(app_config, settings=load_settings(app_config.resolve().parent), lenient_settings=True)
+        return emulator_config_for(config)
+    except DbFanoutError as exc:
+        raise EmulatorConfigError(f"--app-config {app_config}: {exc}") from exc

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from dbfanout.ops.validation import Check
+from dbfanout.ops.checks import Check
 from poller.engines import make_engine
 from poller.pg_logical import PgLogicalSource, setup_sql
 from shared.config import PollerConfig

@@ -13,15 +13,13 @@ Two sources, as for queues:
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from azure.servicebus import ServiceBusClient
 
 from dbfanout.ops.bus import Entity, is_emulator, probe_queue, probe_topic
-from dbfanout.ops.validation import Check, duplicate_detection_check, max_delivery_check, session_check
+from dbfanout.ops.checks import Check, duplicate_detection_check, duration_seconds, max_delivery_check, session_check
 from shared.config import Config, PollerConfig
 from shared.topology import RULE_NAME, subscription_rule
 
@@ -48,10 +46,6 @@ class TopicFacts:
     subscriptions: Mapping[str, SubscriptionFacts]
 
 
-def _seconds(value: Any) -> float:
-    return value.total_seconds() if isinstance(value, dt.timedelta) else 0.0
-
-
 def read_topic_facts(connection_string: str, topic: str) -> TopicFacts:
     """Read the topic, its subscriptions and their rules (needs the Manage right)."""
     from azure.servicebus.management import ServiceBusAdministrationClient, SqlRuleFilter
@@ -64,10 +58,10 @@ def read_topic_facts(connection_string: str, topic: str) -> TopicFacts:
                 r.name: r.filter.sql_expression if isinstance(r.filter, SqlRuleFilter) else None
                 for r in admin.list_rules(topic, sub.name)
             }
-            subs[sub.name] = SubscriptionFacts(sub.max_delivery_count or 0, _seconds(sub.lock_duration), rules)
+            subs[sub.name] = SubscriptionFacts(sub.max_delivery_count or 0, duration_seconds(sub.lock_duration), rules)
     return TopicFacts(
         bool(props.requires_duplicate_detection),
-        _seconds(props.duplicate_detection_history_time_window),
+        duration_seconds(props.duplicate_detection_history_time_window),
         (props.max_message_size_in_kilobytes or 256) * 1024,
         subs,
     )

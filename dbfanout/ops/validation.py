@@ -12,14 +12,25 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from azure.servicebus import ServiceBusClient
 
-from dbfanout.ops.bus import QueueProbe, is_emulator, probe_queue
+from dbfanout.ops.bus import is_emulator, probe_queue
+from dbfanout.ops.checks import (
+    Check,
+    Status,
+    duplicate_detection_check,
+    duration_seconds,
+    max_delivery_check,
+    needed_window_seconds,
+    schedule_interval_seconds,
+    session_check,
+)
 from dbfanout.ops.context import open_store
+from dbfanout.ops.slot_checks import slot_checks
+from dbfanout.ops.topic_checks import topic_checks
 from poller.events import to_batch
 from poller.outbox import OutboxSource
 from poller.pg_logical import PgLogicalSource
@@ -38,59 +49,23 @@ __all__ = [
     "validate_poller",
 ]
 
-Status = Literal["ok", "warn", "fail", "skip"]
 SAMPLE_ROWS = 200
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    poller: str
-    name: str
-    status: Status
-    detail: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _msg(exc: Exception) -> str:
     return str(exc) if isinstance(exc, DbFanoutError) else f"{type(exc).__name__}: {exc}"
 
 
-def _seconds(value: Any) -> float:
-    """A management-API duration in seconds (the SDK types it ``timedelta | str``; reads give timedeltas)."""
-    return value.total_seconds() if isinstance(value, dt.timedelta) else 0.0
-
-
-def schedule_interval_seconds(schedule: str) -> float | None:
-    """Seconds between two firings of a six-field NCRONTAB (None for ``%SETTING%``)."""
-    if schedule.startswith("%"):
-        return None
-    from croniter import croniter
-
-    fields = schedule.split()
-    it = croniter(" ".join(fields[1:] + fields[:1]), dt.datetime(2026, 1, 1), second_at_beginning=False)
-    first, second = it.get_next(dt.datetime), it.get_next(dt.datetime)
-    return float((second - first).total_seconds())
-
-
-def needed_window_seconds(cfg: PollerConfig) -> float:
-    """Duplicate-detection window that covers a re-send after a lost commit: TTL + interval + tick."""
-    return cfg.lease_ttl_seconds + (schedule_interval_seconds(cfg.schedule) or 0) + cfg.time_budget_seconds
-
-
 def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
     p = cfg.name
     try:
-        cfg.require_settings()  # the error the deployed poller's ticks would fail with
+        cfg.require_settings()  # the errors the deployed poller's ticks would fail with:
+        source = open_source(cfg)  # a missing setting, a driver that is not installed
     except ConfigError as exc:
         yield Check(p, "source", "fail", _msg(exc))
         return
-    source = open_source(cfg)
     yield from _outbox_fix(source, p, fix)
     if isinstance(source, PgLogicalSource):
-        from dbfanout.ops.slot_checks import slot_checks  # imports Check from here
-
         yield from slot_checks(cfg, fix=fix)
         return
     try:
@@ -174,7 +149,9 @@ def _state_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
         return
     if snap is None:
         yield Check(cfg.name, "state", "ok", "no state blob yet: the first tick starts from the beginning")
-    elif snap.doc.source_fingerprint != open_source(cfg).fingerprint:
+    elif (fingerprint := _fingerprint(cfg)) is None:
+        yield Check(cfg.name, "state", "ok", "state blob readable (the source cannot be opened: see above)")
+    elif snap.doc.source_fingerprint != fingerprint:
         yield Check(
             cfg.name,
             "fingerprint",
@@ -184,6 +161,13 @@ def _state_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
         )
     else:
         yield Check(cfg.name, "state", "ok", "state blob readable, fingerprint matches")
+
+
+def _fingerprint(cfg: PollerConfig) -> str | None:
+    try:
+        return open_source(cfg).fingerprint
+    except ConfigError:  # reported by the source check
+        return None
 
 
 def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
@@ -207,11 +191,11 @@ def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]
         yield Check(p, "queue properties", "skip", f"could not read them ({_msg(exc)[:160]}); needs the Manage right")
         return
     yield duplicate_detection_check(
-        cfg, bool(q.requires_duplicate_detection), _seconds(q.duplicate_detection_history_time_window)
+        cfg, bool(q.requires_duplicate_detection), duration_seconds(q.duplicate_detection_history_time_window)
     )
     mdc = q.max_delivery_count or 0
     yield max_delivery_check(cfg, mdc)
-    lock = _seconds(q.lock_duration)
+    lock = duration_seconds(q.lock_duration)
     yield Check(
         p,
         "lock duration",
@@ -222,27 +206,6 @@ def _queue_property_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]
     size = (q.max_message_size_in_kilobytes or 256) * 1024
     if cfg.max_message_bytes > size:
         yield Check(p, "message size", "fail", f"max_message_bytes {cfg.max_message_bytes} > the queue's {size}")
-
-
-def duplicate_detection_check(cfg: PollerConfig, enabled: bool, window: float) -> Check:
-    """The queue's (or topic's) duplicate detection: on, with a window that covers a re-send."""
-    p, need, entity = cfg.name, needed_window_seconds(cfg), "topic" if cfg.is_topic else "queue"
-    if not enabled:
-        return Check(
-            p,
-            "duplicate detection",
-            "fail",
-            "off: a re-send after a lost commit is delivered twice "
-            f"(recreate the {entity} with it on; it cannot be changed later)",
-        )
-    if window < need:
-        return Check(
-            p,
-            "duplicate detection",
-            "fail",
-            f"window {window:.0f}s < {need:.0f}s (lease TTL + schedule interval + tick time)",
-        )
-    return Check(p, "duplicate detection", "ok", f"on, window {window:.0f}s >= {need:.0f}s")
 
 
 def handler_check(cfg: PollerConfig, app_root: Path | None, subscription: str | None = None) -> Check:
@@ -286,8 +249,6 @@ def validate_poller(
     """
     cfg = config.poller(name)
     if cfg.is_topic:
-        from dbfanout.ops.topic_checks import topic_checks  # imports Check from here
-
         handlers = [handler_check(cfg, app_root, sub) for sub in sorted(cfg.subscriptions)]
         checks = [*handlers, *_source_checks(cfg, fix), *_state_checks(config, cfg)]
         if client is None:
@@ -309,58 +270,3 @@ def validate_poller(
         detail = f"{cfg.queue} does not exist" if missing else f"{cfg.queue}: cannot check ({probe.error})"
         checks.append(Check(name, "queue", "fail", detail))
     return checks
-
-
-def session_check(cfg: PollerConfig, probe: QueueProbe, subscription: str | None = None) -> Check:
-    """``sessions`` in the config against what the queue (or subscription) requires (its workers'
-    receivers must match)."""
-    what, entity = ("subscription", f"{cfg.queue}/{subscription}") if subscription else ("queue", cfg.queue)
-    name = f"sessions [{subscription}]" if subscription else "sessions"
-    if probe.requires_session is None:
-        return Check(cfg.name, name, "skip", f"could not tell whether the {what} requires sessions")
-    if probe.requires_session and not cfg.sessions:
-        return Check(
-            cfg.name,
-            name,
-            "fail",
-            f"{entity} requires sessions but sessions = false: the worker's receiver is refused; "
-            f"set sessions = true, or use a {what} without sessions",
-        )
-    if cfg.sessions and not probe.requires_session:
-        return Check(
-            cfg.name,
-            name,
-            "fail",
-            f"sessions = true but {entity} does not require sessions: events are not ordered per key; "
-            f"recreate the {what} with RequiresSession (it cannot be changed later), or set sessions = false",
-        )
-    state = "on" if cfg.sessions else "off"
-    return Check(cfg.name, name, "ok", f"{state}, as the {what} requires")
-
-
-def max_delivery_check(cfg: PollerConfig, mdc: int, subscription: str | None = None) -> Check:
-    """The queue's (or subscription's) MaxDeliveryCount against the poller: above
-    split_after_deliveries, and known to it."""
-    name = f"max delivery count [{subscription}]" if subscription else "max delivery count"
-    key = (
-        f"pollers.{cfg.name}.subscriptions.{subscription}.max_delivery_count" if subscription else "max_delivery_count"
-    )
-    expected = cfg.deliveries_for(subscription)
-    if mdc <= cfg.split_after_deliveries:
-        return Check(
-            cfg.name,
-            name,
-            "fail",
-            f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries} must "
-            "be lower, so a failing batch is split before it is dead-lettered)",
-        )
-    if mdc != expected:
-        # the worker cannot read it on Azure (no Manage right): it relies on the config's value
-        return Check(
-            cfg.name,
-            name,
-            "warn",
-            f"{mdc}, but the poller assumes {expected}: set {key} = {mdc}, or crashes "
-            "may dead-letter a failing batch whole before the worker splits it",
-        )
-    return Check(cfg.name, name, "ok", f"{mdc} (split_after_deliveries = {cfg.split_after_deliveries})")

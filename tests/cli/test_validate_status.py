@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import sqlalchemy as sa
 
-from dbfanout.ops.validation import max_delivery_check, needed_window_seconds, schedule_interval_seconds
+from dbfanout.ops.checks import max_delivery_check, needed_window_seconds, schedule_interval_seconds
 from poller.source import SqlSource
 from shared.config import PollerConfig
 from tests.cli.conftest import said
