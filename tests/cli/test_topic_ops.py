@@ -10,8 +10,8 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 
 from dbfanout.ops.bus import Entity, peek_all
-from dbfanout.ops.topic_checks import SubscriptionFacts, TopicFacts, rule_check, topology_checks
 from dbfanout.ops.checks import Check
+from dbfanout.ops.topic_checks import SubscriptionFacts, TopicFacts, rule_check, topology_checks
 from shared.config import PollerConfig, parse_config
 from shared.topology import PROP_TARGET, RULE_NAME, subscription_rule
 from tests.cli.conftest import dead_letter_in_subscription, said, topic_workspace_of
