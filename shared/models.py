@@ -115,14 +115,24 @@ class StateDoc:
 
 @dataclass(frozen=True, slots=True)
 class RowChange:
-    """One changed row, as a handler receives it.
+    """One changed row, as a handler receives it (the README's handler section has the same table).
 
-    ``event_id`` is stable across every redelivery and replay of the same row state (a hash of
-    poller, source fingerprint, pk and cursor), so handlers can de-duplicate on it.
-    ``before`` is always None for cursor polling (the previous state is not known).
-    ``change`` is the precise change when the source knows it (``op`` stays the coarse
-    ``upsert``/``delete``): the outbox row's ``type`` for an outbox source, ``insert``/``update``/
-    ``delete`` for a change-log source; None for cursor polling.
+    Attributes:
+        event_id: stable across every redelivery, split and replay of the same row state (a hash
+            of poller, source fingerprint, pk and cursor): handlers de-duplicate on it.
+        op: ``"upsert"``, or ``"delete"`` for a soft-deleted row, an outbox delete or a
+            pg_logical delete.
+        pk: the primary key columns, e.g. ``{"id": 42}``.
+        cursor: the cursor value with its type (int, str, Decimal, tz-aware datetime, UUID, ...,
+            or a tuple of them); pg_logical: the commit LSN.
+        after: the row's columns; None for a pg_logical delete.
+        poller: the poller that read the change.
+        before: None for cursor polling (the previous state is not known); pg_logical: the old
+            key, or the old row with ``REPLICA IDENTITY FULL``.
+        source: reserved for source details; empty today.
+        change: the precise change when the source knows it (``op`` stays the coarse
+            ``upsert``/``delete``): the outbox row's ``type`` for an outbox source,
+            ``insert``/``update``/``delete`` for a change-log source; None for cursor polling.
     """
 
     event_id: str
@@ -151,7 +161,17 @@ class Batch:
 class HandlerContext:
     """What a handler knows about the message it is handling.
 
-    ``delivery_count`` follows the Azure Functions host: 1 on the first delivery.
+    Attributes:
+        poller: the poller whose queue or topic the message came from.
+        message_id: the Service Bus (or storage queue) message id: the batch's idempotency key;
+            a split single or a DLQ replay has its own.
+        delivery_count: follows the Azure Functions host: 1 on the first delivery.
+        enqueued_time: when the message was enqueued (UTC), if the transport says.
+        batch_id: the poller's batch id (the page the events were read in).
+        application_properties: the message's application properties (``dbfanout-schema``,
+            ``dbfanout-poller``, ``dbfanout-event-count``, ``dbfanout-batch-id``; a split single's
+            ``dbfanout-split-from``; a replay's ``dbfanout-replay-*``; a topic's ``dbfanout-to``).
+        subscription: the topic subscription the message was received on; None for a queue.
     """
 
     poller: str
@@ -160,5 +180,4 @@ class HandlerContext:
     enqueued_time: dt.datetime | None
     batch_id: str | None = None
     application_properties: Mapping[str, Any] = field(default_factory=dict)
-    # The topic subscription this message was received on (topic pollers); None for a queue.
     subscription: str | None = None

@@ -56,6 +56,7 @@ param maximumInstanceCount int = 40
 @allowed([
   '3.11'
   '3.12'
+  '3.13'
 ])
 param pythonVersion string = '3.11'
 

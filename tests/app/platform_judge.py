@@ -16,11 +16,17 @@ arranges ``sys.path`` before the app is imported:
   folder is ``sys.path[0]``.
 
 Prints ``{"functions": {name: function.json}}`` on success; any load error exits non-zero.
+
+``--invoke FILE`` then runs invocations (a JSON list of ``{"function", "input": {kind: value},
+"metadata": {name: {kind: value}}}``; ``bytes`` values in base64) the way the runtime's
+``invocation_request`` does: each parameter is converted by the runtime's own
+``bindings.meta.from_incoming_proto`` from the host's TypedData, and the function is called with them.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import importlib
 import json
 import os
@@ -39,11 +45,55 @@ class _BindingInfo:
 PROTOS = types.SimpleNamespace(BindingInfo=_BindingInfo)
 
 
+class _TypedData:
+    """The host's ``TypedData`` message: one field of the ``data`` oneof set."""
+
+    def __init__(self, kind: str, value: object) -> None:
+        self._kind = kind
+        setattr(self, kind, base64.b64decode(str(value)) if kind == "bytes" else value)
+
+    def WhichOneof(self, group: str) -> str:  # the protobuf API
+        return self._kind
+
+
+class _ParameterBinding:
+    """The host's ``ParameterBinding``: a name and its data."""
+
+    def __init__(self, name: str, data: _TypedData) -> None:
+        self.name, self.data = name, data
+
+    def WhichOneof(self, group: str) -> str:  # the protobuf API
+        return "data"
+
+
+def _typed(spec: dict[str, object]) -> _TypedData:
+    ((kind, value),) = spec.items()
+    return _TypedData(kind, value)
+
+
+def invoke(meta: types.ModuleType, info: object, invocation: dict[str, object]) -> None:
+    """Convert the inputs as ``invocation_request`` does, then call the function (sync functions)."""
+    metadata = {k: _typed(v) for k, v in dict(invocation.get("metadata") or {}).items()}  # type: ignore[call-overload]
+    args = {}
+    for name, param in info.input_types.items():  # type: ignore[attr-defined]
+        trigger = meta.is_trigger_binding(param.binding_name)
+        args[name] = meta.from_incoming_proto(
+            param.binding_name,
+            _ParameterBinding(name, _typed(invocation["input"])),  # type: ignore[arg-type]
+            trigger_metadata=metadata if trigger else None,
+            pytype=param.pytype,
+            function_name=info.name,  # type: ignore[attr-defined]
+        )
+    result = info.func(**args)  # type: ignore[attr-defined]
+    assert result is None, f"{info.name} returned {result!r}"  # type: ignore[attr-defined]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("coretools", "placeholder", "warm"), required=True)
     parser.add_argument("--app", required=True)
     parser.add_argument("--site", action="append", default=[], help="the worker's own packages (first wins)")
+    parser.add_argument("--invoke", help="a JSON file of invocations to run after indexing")
     args = parser.parse_args()
     for offset, site in enumerate(args.site):  # the worker's dependencies come right after its folder
         sys.path.insert(1 + offset, site)
@@ -60,10 +110,15 @@ def main() -> None:
     loader = importlib.import_module("azure_functions_runtime.loader")
     meta.load_binding_registry()
     registry = registry_module.Registry()
-    indexed = {}
+    indexed, infos = {}, {}
     for function in loader.index_function_app(os.path.join(args.app, "function_app.py")):
-        registry.add_indexed_function(function, PROTOS)  # raises FunctionLoadError like the worker
-        indexed[function.get_function_name()] = json.loads(function.get_function_json())
+        name = function.get_function_name()
+        infos[name] = registry.add_indexed_function(function, PROTOS)  # raises FunctionLoadError like the worker
+        indexed[name] = json.loads(function.get_function_json())
+    if args.invoke:
+        with open(args.invoke) as f:
+            for invocation in json.load(f):
+                invoke(meta, infos[invocation["function"]], invocation)
     sdk = importlib.import_module("azure.functions")
     print(json.dumps({"functions": indexed, "azure_functions": sdk.__version__}))
 

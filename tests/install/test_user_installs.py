@@ -15,7 +15,6 @@ so; a Python this machine does not have skips with its name.
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import json
 import os
@@ -33,6 +32,7 @@ from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.support.azurite import Azurite
 from tests.support.databases import MYSQL_URL, unreachable_reason
+from tests.support.deployment import PROBE_HANDLER, deployment_copy
 
 pytestmark = [pytest.mark.integration, pytest.mark.install]
 
@@ -42,14 +42,6 @@ HOST_MESSAGES = REPO / "dbfanout" / "host" / "messages.py"
 PIP_TIMEOUT = 600
 ROWS = [(1, "first"), (2, "second")]
 
-HANDLER = """
-import json, os
-
-def handle(events, context):
-    with open(os.environ["PROBE_FILE"], "a") as f:
-        for e in events:
-            f.write(json.dumps({"pk": e.pk, "op": e.op, "after": e.after, "poller": e.poller}, default=str) + "\\n")
-"""
 
 CONFIG = """
 [app]
@@ -97,28 +89,6 @@ def make_venv(where: Path, python: str) -> Path:
     return where / "bin" / "python"
 
 
-def deployment_copy(dest: Path) -> Path:
-    """The project as a deployment packs it: every top-level entry ``.funcignore`` does not exclude."""
-    patterns = [
-        line.strip().rstrip("/")
-        for line in (REPO / ".funcignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-
-    def ignored(name: str) -> bool:
-        return any(fnmatch.fnmatch(name, p) for p in patterns)
-
-    dest.mkdir(parents=True)
-    for entry in REPO.iterdir():
-        if ignored(entry.name):
-            continue
-        if entry.is_dir():
-            shutil.copytree(entry, dest / entry.name, ignore=lambda _d, names: [n for n in names if ignored(n)])
-        else:
-            shutil.copy(entry, dest / entry.name)
-    return dest
-
-
 def uncomment_driver(app: Path, package: str) -> None:
     """What the README tells a user to do: uncomment their driver's line in requirements-drivers.txt."""
     path = app / "requirements-drivers.txt"
@@ -136,7 +106,7 @@ class FunctionsApp:
         self.root = deployment_copy(root / "app")
         for driver in drivers:
             uncomment_driver(self.root, driver)
-        (self.root / "handlers" / "probe.py").write_text(HANDLER)
+        (self.root / "handlers" / "probe.py").write_text(PROBE_HANDLER)
         self.python = make_venv(root / "venv", python)
         _pip(self.python, "-r", str(self.root / "requirements.txt"))
 
@@ -336,7 +306,7 @@ def test_the_operator_wheel_runs_without_a_driver(
     engine.dispose()
     (tmp_path / "handlers").mkdir()
     (tmp_path / "handlers" / "__init__.py").write_text("")
-    (tmp_path / "handlers" / "probe.py").write_text(HANDLER)
+    (tmp_path / "handlers" / "probe.py").write_text(PROBE_HANDLER)
     queue = unique_queue(servicebus, "inst", requires_duplicate_detection=True)
     _write_config(tmp_path, "orders", queue)
     env.update(
