@@ -8,7 +8,7 @@
 3. The operator: the built wheel installed with ``[cli]`` and no driver: ``dbfanout --help``,
    ``dbfanout validate`` on a SQLite config, ``dbfanout emulator servicebus --help``.
 
-pip's cache is reused (nothing is downloaded twice on one machine). Each environment is made
+Each runs on Python 3.11 and 3.13. pip's cache is reused (nothing is downloaded twice on one machine). Each environment is made
 once per test session. Without the package registry (and nothing cached), the tests skip and say
 so; a Python this machine does not have skips with its name.
 """
@@ -143,17 +143,22 @@ def _app_env(python_version: str, install_root: Path, drivers: tuple[str, ...] =
     return FunctionsApp(install_root / f"py{python_version}-{'-'.join(drivers) or 'nodriver'}", python, drivers)
 
 
-@pytest.fixture(scope="session", params=["3.11", "3.13"])
+# The oldest Python the project supports, and the newest the platform offers for a new app (from
+# 3.13 the platform loads apps through azure-functions-runtime, and pip picks azure-functions 2.x).
+PYTHONS = ["3.11", "3.13"]
+
+
+@pytest.fixture(scope="session", params=PYTHONS)
 def functions_app(request: pytest.FixtureRequest, install_root: Path) -> FunctionsApp:
     return _app_env(request.param, install_root)
 
 
-@pytest.fixture(scope="session")
-def mysql_functions_app(install_root: Path) -> FunctionsApp:
+@pytest.fixture(scope="session", params=PYTHONS)
+def mysql_functions_app(request: pytest.FixtureRequest, install_root: Path) -> FunctionsApp:
     reason = unreachable_reason(MYSQL_URL)
     if reason:
         pytest.skip(reason)
-    return _app_env(f"{sys.version_info.major}.{sys.version_info.minor}", install_root, ("pymysql",))
+    return _app_env(request.param, install_root, ("pymysql",))
 
 
 def _settings(
@@ -257,11 +262,14 @@ def wheel(install_root: Path) -> Path:
     return built
 
 
-@pytest.fixture(scope="session")
-def operator_venv(install_root: Path, wheel: Path) -> Path:
-    python = make_venv(install_root / "operator-venv", sys.executable)
-    _pip(python, f"{wheel}[cli]")
-    return python.parent
+@pytest.fixture(scope="session", params=PYTHONS)
+def operator_venv(request: pytest.FixtureRequest, install_root: Path, wheel: Path) -> Path:
+    python = find_python(request.param)
+    if python is None:
+        pytest.skip(f"python{request.param} is not installed on this machine")
+    venv = make_venv(install_root / f"operator-venv-{request.param}", python)
+    _pip(venv, f"{wheel}[cli]")
+    return venv.parent
 
 
 def test_the_wheel_holds_every_file_the_packages_read(wheel: Path) -> None:
