@@ -10,6 +10,7 @@ import azure.functions as func
 from poller.runtime import Runtimes
 from shared.config import Config
 from shared.logs import get_logger, ids
+from shared.scrub import scrubbed_errors
 
 __all__ = ["poller_blueprint", "timer_function_name"]
 
@@ -35,7 +36,8 @@ def poller_blueprint(config: Config, runtimes: Runtimes | None = None) -> func.B
 def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], None]:
     def tick(timer: func.TimerRequest) -> None:
         # A timer function must return None: the Python worker rejects other values.
-        result = runtimes.get(poller).tick()
+        with scrubbed_errors():  # the host logs what leaves a function verbatim
+            result = runtimes.get(poller).tick()
         log.info(
             "tick done",
             extra=ids(poller=poller, stop_reason=result.stop_reason, rows=result.rows, batches=result.batches),

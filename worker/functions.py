@@ -24,6 +24,7 @@ from shared.config import Config
 from shared.errors import ConfigError
 from shared.messages import OutgoingMessage
 from shared.models import RowChange
+from shared.scrub import scrubbed_errors
 from shared.servicebus import LazyServiceBusClient, QueueSender
 from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
@@ -210,7 +211,8 @@ def _transport(config: Config, queue: str) -> str:
 
 def _storage_queue(app: WorkerApp, queue: str) -> Callable[[func.QueueMessage], None]:
     def work(msg: func.QueueMessage) -> None:
-        app.process_queue_message(msg)
+        with scrubbed_errors():  # the host logs what leaves a function verbatim
+            app.process_queue_message(msg)
 
     work.__name__ = queue_function_name(queue)
     return work
@@ -225,7 +227,8 @@ def _service_bus(
 
 def _one(app: WorkerApp, name: str, subscription: str | None) -> Callable[[func.ServiceBusMessage], None]:
     def work(msg: func.ServiceBusMessage) -> None:
-        app.process(msg, subscription)
+        with scrubbed_errors():  # the host logs what leaves a function verbatim
+            app.process(msg, subscription)
 
     work.__name__ = name
     return work
@@ -244,7 +247,8 @@ def _many(app: WorkerApp, name: str, subscription: str | None) -> Callable[[typi
                 exc.add_note(f"message_id={one.message_id} delivery_count={one.delivery_count}")
                 errors.append(exc)
         if errors:
-            raise batch_failure(errors, len(msg))
+            with scrubbed_errors():
+                raise batch_failure(errors, len(msg))
 
     work.__name__ = name
     return work

@@ -24,6 +24,7 @@ from shared.config import Config
 from shared.errors import ConfigError, EnvelopeError, HandlerError
 from shared.logs import get_logger, ids
 from shared.models import Batch, HandlerContext, RowChange
+from shared.scrub import describe_error, safe_cause
 from shared.telemetry import metrics
 from worker.handlers import Handler, call_handler, load_handler
 from worker.settlement import Settle, decide, split_first
@@ -225,7 +226,10 @@ class Worker:
         )
         metrics.failures.add(1, {"stage": "handler", "poller": batch.poller})
         where = f"poller {batch.poller}" + (f" subscription {subscription}" if subscription else "")
+        assert error is not None
+        # The host logs this text on every failed delivery: scrubbed, and when the original text held
+        # a secret, without the original chained under it (its traceback is in the log line above).
         raise HandlerError(
             f"handler for {where} failed on message {delivery.message_id} "
-            f"(delivery {delivery.delivery_count}): {error!r}"
-        ) from error
+            f"(delivery {delivery.delivery_count}): {describe_error(error)}"
+        ) from safe_cause(error)
