@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shared.claimcheck import is_claim
 from shared.codec import decode_batch
 from shared.config import Config
 from shared.errors import ConfigError, EnvelopeError, HandlerError
+from shared.failures import FailureRecord
 from shared.logs import get_logger, ids
 from shared.models import Batch, HandlerContext, RowChange
 from shared.scrub import describe_error, safe_cause
@@ -30,7 +31,7 @@ from worker.handlers import Handler, call_handler, load_handler
 from worker.settlement import Settle, decide, split_first
 from worker.split import Splitter
 
-__all__ = ["Delivery", "HandlerKey", "Worker"]
+__all__ = ["Delivery", "FailureRecorder", "HandlerKey", "Worker", "entity_of"]
 
 log = get_logger("worker")
 
@@ -61,8 +62,10 @@ class Worker:
         handlers: Mapping[str, Handler] | Mapping[HandlerKey, Handler] | None = None,
         app_root: Path | None = None,
         resolve_claims: Callable[[RowChange], RowChange] | None = None,
+        failures: FailureRecorder | None = None,
     ) -> None:
-        """``handlers`` replace configured ones: by poller name, or by ``(poller, subscription)``."""
+        """``handlers`` replace configured ones: by poller name, or by ``(poller, subscription)``.
+        ``failures``: where each failed delivery leaves its reason for ``dbfanout dlq`` (shared.failures)."""
         self._config = config
         self._splitter = splitter
         self._handlers: dict[HandlerKey, Handler] = {
@@ -70,6 +73,7 @@ class Worker:
         }
         self._app_root = app_root
         self._resolve_claims = resolve_claims
+        self._failures = failures
 
     def handler_for(self, poller: str, subscription: str | None = None) -> Handler:
         """The handler of ``poller`` (queue pollers) or of its ``subscription`` (topic pollers), cached."""
@@ -209,6 +213,8 @@ class Worker:
         )
         if outcome is Settle.COMPLETE:
             metrics.events_handled.add(len(batch.events), {"poller": batch.poller})
+            if delivery.delivery_count > 1:  # an earlier delivery may have left a failure record
+                self._clear_failure(batch, delivery, subscription)
             return outcome
         if outcome is Settle.SPLIT and self._splitter is not None:
             # The error is logged before the singles go: if the split fails, the cause is on record.
@@ -225,11 +231,57 @@ class Worker:
             exc_info=error,
         )
         metrics.failures.add(1, {"stage": "handler", "poller": batch.poller})
-        where = f"poller {batch.poller}" + (f" subscription {subscription}" if subscription else "")
         assert error is not None
+        self._record_failure(batch, delivery, subscription, error)  # before raising: it may be the last
+        where = f"poller {batch.poller}" + (f" subscription {subscription}" if subscription else "")
         # The host logs this text on every failed delivery: scrubbed, and when the original text held
         # a secret, without the original chained under it (its traceback is in the log line above).
         raise HandlerError(
             f"handler for {where} failed on message {delivery.message_id} "
             f"(delivery {delivery.delivery_count}): {describe_error(error)}"
         ) from safe_cause(error)
+
+    def _record_failure(self, batch: Batch, delivery: Delivery, subscription: str | None, error: Exception) -> None:
+        """Leave this failure where ``dbfanout dlq`` finds it; never fails the delivery further."""
+        if self._failures is None:
+            return
+        cfg = self._config.pollers[batch.poller]
+        record = FailureRecord(
+            entity=entity_of(cfg.queue, subscription),
+            poller=batch.poller,
+            message_id=delivery.message_id,
+            delivery_count=delivery.delivery_count,
+            failed_at=dt.datetime.now(dt.UTC).isoformat(),
+            error_type=type(error).__name__,
+            error=describe_error(error),
+            event_ids=tuple(e.event_id for e in batch.events),
+            subscription=subscription,
+            dead_lettered=delivery.delivery_count >= cfg.deliveries_for(subscription),
+        )
+        try:
+            self._failures.record(record, delivery.body)
+        except Exception as exc:  # the reason is also in the log line; the delivery fails either way
+            log.warning(
+                "could not write the failure record; `dbfanout dlq peek` will not show this reason",
+                extra=ids(poller=batch.poller, message_id=delivery.message_id, error=repr(exc)),
+            )
+
+    def _clear_failure(self, batch: Batch, delivery: Delivery, subscription: str | None) -> None:
+        if self._failures is None:
+            return
+        try:
+            self._failures.clear(entity_of(self._config.pollers[batch.poller].queue, subscription), delivery.body)
+        except Exception as exc:  # a stale record is harmless: the lifecycle rule expires it
+            log.debug("could not delete a failure record", extra=ids(message_id=delivery.message_id, error=repr(exc)))
+
+
+class FailureRecorder(Protocol):
+    """Where failed deliveries leave their reason (:class:`shared.failures.FailureStore`)."""
+
+    def record(self, record: FailureRecord, body: bytes) -> None: ...
+    def clear(self, entity: str, body: bytes) -> None: ...
+
+
+def entity_of(queue: str, subscription: str | None) -> str:
+    """The entity a message was received on, as operators name it: ``queue`` or ``topic/subscription``."""
+    return f"{queue}/{subscription}" if subscription is not None else queue
