@@ -26,7 +26,8 @@ from shared.failures import FailureRecord
 from shared.logs import get_logger, ids
 from shared.models import Batch, HandlerContext, RowChange
 from shared.scrub import describe_error, safe_cause
-from shared.telemetry import metrics
+from shared.telemetry import metrics, recording
+from shared.tracing import delivery_span
 from worker.handlers import Handler, call_handler, load_handler
 from worker.settlement import Settle, decide, split_first
 from worker.split import Splitter
@@ -111,6 +112,22 @@ class Worker:
         ``subscription``: the topic subscription it was received on (None: a queue).
         """
         batch = self._decode(delivery)
+        cfg = self._config.pollers.get(batch.poller)
+        span_attributes = {
+            "messaging.system": "servicebus",
+            "messaging.operation": "process",
+            "messaging.destination.name": cfg.queue if cfg is not None else None,
+            "messaging.message.id": delivery.message_id,
+            "dbfanout.poller": batch.poller,
+            "dbfanout.subscription": subscription,
+            "dbfanout.batch_id": batch.batch_id,
+            "dbfanout.delivery_count": delivery.delivery_count,
+            "dbfanout.events": len(batch.events),
+        }
+        with delivery_span(delivery.application_properties, batch.traceparent, span_attributes):
+            return self._process(batch, delivery, subscription)
+
+    def _process(self, batch: Batch, delivery: Delivery, subscription: str | None) -> Settle:
         handler = self._handler(batch, delivery, subscription)
         cfg = self._config.pollers[batch.poller]
         deliveries = cfg.deliveries_for(subscription)  # each subscription has its own MaxDeliveryCount
@@ -133,7 +150,7 @@ class Worker:
             error: Exception | None = None
         except Exception as exc:  # the user's code may raise anything; it fails the message
             error = exc
-        metrics.handler_duration.record(time.perf_counter() - started, {"poller": batch.poller})
+        metrics.handler_duration.record(time.perf_counter() - started, self._attrs(batch.poller, subscription))
         n_events = len(batch.events)
         outcome = decide(error is None, n_events, delivery.delivery_count, cfg.split_after_deliveries, deliveries)
         return self._carry_out(outcome, batch, delivery, error, subscription)
@@ -168,7 +185,7 @@ class Worker:
             queue=self._config.pollers[batch.poller].queue,
             subscription=subscription,
         )
-        metrics.messages_split.add(1, {"poller": batch.poller})
+        metrics.messages_split.add(1, self._attrs(batch.poller, subscription))
 
     def _decode(self, delivery: Delivery) -> Batch:
         try:
@@ -211,11 +228,15 @@ class Worker:
             delivery_count=delivery.delivery_count,
             events=len(batch.events),
         )
+        attrs = self._attrs(batch.poller, subscription)
         if outcome is Settle.COMPLETE:
-            metrics.events_handled.add(len(batch.events), {"poller": batch.poller})
+            metrics.events_handled.add(len(batch.events), attrs)
+            if recording():  # one observation per event: skipped without a metrics SDK
+                self._observe_latency(batch, delivery, attrs)
             if delivery.delivery_count > 1:  # an earlier delivery may have left a failure record
                 self._clear_failure(batch, delivery, subscription)
             return outcome
+        metrics.deliveries_failed.add(1, attrs)
         if outcome is Settle.SPLIT and self._splitter is not None:
             # The error is logged before the singles go: if the split fails, the cause is on record.
             log.warning(
@@ -231,6 +252,9 @@ class Worker:
             exc_info=error,
         )
         metrics.failures.add(1, {"stage": "handler", "poller": batch.poller})
+        cfg = self._config.pollers[batch.poller]
+        if delivery.delivery_count >= cfg.deliveries_for(subscription):  # the last: the broker quarantines it
+            metrics.events_dead_lettered.add(len(batch.events), attrs)
         assert error is not None
         self._record_failure(batch, delivery, subscription, error)  # before raising: it may be the last
         where = f"poller {batch.poller}" + (f" subscription {subscription}" if subscription else "")
@@ -240,6 +264,34 @@ class Worker:
             f"handler for {where} failed on message {delivery.message_id} "
             f"(delivery {delivery.delivery_count}): {describe_error(error)}"
         ) from safe_cause(error)
+
+    def _attrs(self, poller: str, subscription: str | None) -> dict[str, str]:
+        """Metric attributes: the poller, and where the worker received the message."""
+        cfg = self._config.pollers.get(poller)
+        attrs = {"poller": poller}
+        if cfg is not None:
+            attrs["queue"] = cfg.queue
+        if subscription is not None:
+            attrs["subscription"] = subscription
+        return attrs
+
+    def _observe_latency(self, batch: Batch, delivery: Delivery, attrs: dict[str, str]) -> None:
+        """``dbfanout.commit_to_handler``, one observation per event, from the best commit time known."""
+        cfg = self._config.pollers[batch.poller]
+        now = time.time()
+        source_kind = _COMMIT_KIND.get(cfg.kind, "source")
+        fallback = (batch.read_at, "read") if batch.read_at is not None else (delivery.enqueued_time, "enqueued")
+        zone = _zone(cfg.cursor_timezone)
+        record = metrics.commit_to_handler.record
+        labelled = {kind: {**attrs, "commit_time": kind} for kind in (source_kind, "cursor", "read", "enqueued")}
+        for event in batch.events:
+            when, kind = event.committed_at, source_kind
+            if when is None and cfg.cursor_is_commit_time and isinstance(event.cursor, dt.datetime):
+                when, kind = event.cursor if event.cursor.tzinfo else event.cursor.replace(tzinfo=zone), "cursor"
+            if when is None:
+                when, kind = fallback
+            if when is not None:
+                record(max(0.0, now - when.timestamp()), labelled[kind])
 
     def _record_failure(self, batch: Batch, delivery: Delivery, subscription: str | None, error: Exception) -> None:
         """Leave this failure where ``dbfanout dlq`` finds it; never fails the delivery further."""
@@ -273,6 +325,19 @@ class Worker:
             self._failures.clear(entity_of(self._config.pollers[batch.poller].queue, subscription), delivery.body)
         except Exception as exc:  # a stale record is harmless: the lifecycle rule expires it
             log.debug("could not delete a failure record", extra=ids(message_id=delivery.message_id, error=repr(exc)))
+
+
+#: How the commit time of a change-log source's events is labelled (``commit_time`` attribute).
+_COMMIT_KIND = {"pg_logical": "pg_commit", "outbox": "outbox_created"}
+
+
+def _zone(name: str | None) -> dt.tzinfo:
+    """A naive temporal cursor's time zone (``cursor_timezone``), UTC when none is configured."""
+    if name is None:
+        return dt.UTC
+    from zoneinfo import ZoneInfo
+
+    return ZoneInfo(name)
 
 
 class FailureRecorder(Protocol):

@@ -6,24 +6,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry import metrics as otel_metrics
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from poller.source import SqlSource
 from poller.state_memory import MemoryStateStore
 from poller.tick import run_tick
 from tests.poller.tick_support import RecordingSink, SourceTable, make_poller
-
-_reader = InMemoryMetricReader()
+from tests.support import otel
 
 
 @pytest.fixture(scope="module")
 def reader() -> Iterator[InMemoryMetricReader]:
     # The global provider can be set once per process; dbfanout's instruments were created on the
     # API's proxy meter at import and start recording as soon as a real provider exists.
-    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[_reader]))
-    yield _reader
+    otel.install()
+    yield otel.READER
 
 
 def _points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, object], float]]]:
