@@ -175,13 +175,16 @@ def _sdk(exporters: tuple[Any, Any]) -> None:
 
 
 def shutdown_telemetry() -> None:
-    """Flush what the SDK holds (a graceful stop of ``dbfanout run``); no-op without an SDK."""
+    """Flush what the exporter dbfanout configured still holds (a graceful stop of ``dbfanout run``);
+    no-op when dbfanout configured none (providers someone else set are theirs to flush)."""
+    if _configured in (None, "none", "platform"):
+        return
     from opentelemetry import metrics, trace
 
     for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
-        shutdown = getattr(provider, "shutdown", None)
-        if callable(shutdown):
+        flush = getattr(provider, "force_flush", None)
+        if callable(flush):
             try:
-                shutdown()
+                flush()
             except Exception as exc:  # flushing is best effort at exit
                 log.warning("telemetry flush failed", extra=ids(error=repr(exc)))

@@ -1,29 +1,36 @@
-"""Telemetry under ``dbfanout run`` (issue 24): the real ``function_app.py`` on the local host,
-with the Service Bus emulator, Azurite, a SQLite source and an in-memory OpenTelemetry SDK.
+"""Telemetry and failure reasons under ``dbfanout run`` (issue 24): the real ``function_app.py`` on
+the local host, with the Service Bus emulator, Azurite, a SQLite source and an in-memory
+OpenTelemetry SDK — for a queue, a topic subscription and a storage queue.
 
 One trace links the poller's send span to the worker's span for the same message; the commit ->
-handler histogram gets one observation per event; a poisoned event counts as dead-lettered once,
-its failure record explains it (scrubbed), and no log line holds the secret in its exception.
+handler histogram gets one observation per handled event; a poisoned event counts as dead-lettered
+once; ``dlq peek --json`` shows its exception, scrubbed; no log line holds the secret.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
+from azure.storage.queue import QueueServiceClient
 from opentelemetry.sdk.trace import ReadableSpan
+from typer.testing import CliRunner
 
+from dbfanout.cli import app as cli
 from dbfanout.host import LocalHost
+from dbfanout.ops.entities import emulator_config_for
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.config import load_config
-from shared.failures import open_failure_store
+from shared.storagequeue import poison_queue_name
 from tests.host.app_support import SOURCE_DDL, AppDir, sqlite_engine, wait_for
 from tests.support import otel
 from tests.support.azurite import Azurite
@@ -47,20 +54,54 @@ def handle(events, context):
 """
 
 
-@pytest.fixture
-def app(tmp_path: Path, azurite: Azurite, servicebus: Emulator, restore_environ: None) -> Iterator[AppDir]:
-    queue = unique_queue(
-        servicebus, "otel", requires_duplicate_detection=True, lock_duration="PT5S", max_delivery_count=3
-    )
-    module = f"otel_handler_{uuid.uuid4().hex[:8]}"
+@dataclass
+class Case:
+    app: AppDir
+    module: str
+    entity: str  # what `dbfanout dlq` is given
+    attrs: dict[str, str]  # the worker's metric attributes
+
+
+def _create(kind: str, root: Path, azurite: Azurite, servicebus: Emulator, module: str) -> Case:
+    common: dict[str, Any] = {"storage": azurite.connection_string, "servicebus": servicebus.connection_string}
+    if kind == "queue":
+        queue = unique_queue(
+            servicebus, "otel", requires_duplicate_detection=True, lock_duration="PT5S", max_delivery_count=3
+        )
+        app = AppDir.create(
+            root, queue=queue, handler=f"{module}:handle", poller_toml="max_delivery_count = 3", **common
+        )
+        return Case(app, module, queue, {"poller": "orders", "queue": queue})
+    if kind == "subscription":
+        topic = f"otel-{uuid.uuid4().hex[:10]}"
+        subs: dict[str, dict[str, str | int]] = {"search": {"handler": f"{module}:handle", "max_delivery_count": 3}}
+        app = AppDir.create(root, queue=topic, subscriptions=subs, **common)
+        config = load_config(app.root / "dbfanout.toml", settings=app.settings)
+        (declared,) = emulator_config_for(config, lock_duration="PT5S").topics
+        servicebus.create_topic(declared)
+        return Case(app, module, f"{topic}/search", {"poller": "orders", "queue": topic, "subscription": "search"})
+    queue = f"otel-{uuid.uuid4().hex[:10]}"
+    service = QueueServiceClient.from_connection_string(azurite.connection_string)
+    service.create_queue(queue)
+    service.create_queue(poison_queue_name(queue))
     app = AppDir.create(
-        tmp_path,
+        root,
         queue=queue,
-        storage=azurite.connection_string,
-        servicebus=servicebus.connection_string,
         handler=f"{module}:handle",
+        transport="storage-queue",
+        queues_json={"maxPollingInterval": "00:00:00.500", "maxDequeueCount": 3},
         poller_toml="max_delivery_count = 3",
+        **common,
     )
+    return Case(app, module, queue, {"poller": "orders", "queue": queue})
+
+
+@pytest.fixture(params=["queue", "subscription", "storage-queue"])
+def case(
+    request: pytest.FixtureRequest, tmp_path: Path, azurite: Azurite, servicebus: Emulator, restore_environ: None
+) -> Iterator[Case]:
+    module = f"otel_handler_{uuid.uuid4().hex[:8]}"
+    case = _create(request.param, tmp_path, azurite, servicebus, module)
     (tmp_path / f"{module}.py").write_text(HANDLER)
     engine = sqlite_engine(tmp_path / "source.db")
     with engine.begin() as conn:
@@ -73,7 +114,7 @@ def app(tmp_path: Path, azurite: Azurite, servicebus: Emulator, restore_environ:
     engine.dispose()
     for name in ("function_app", "handlers", "handlers.example", module):
         sys.modules.pop(name, None)  # the app folder's own modules, like a fresh worker
-    yield app
+    yield case
     for name in ("function_app", module):
         sys.modules.pop(name, None)
 
@@ -82,56 +123,57 @@ def _destination(span: ReadableSpan) -> object:
     return dict(span.attributes or {}).get("messaging.destination.name")
 
 
-def test_dbfanout_run_traces_times_and_explains_every_event(app: AppDir, caplog: pytest.LogCaptureFixture) -> None:
+def test_dbfanout_run_traces_times_and_explains_every_event(case: Case, caplog: pytest.LogCaptureFixture) -> None:
     otel.install()
     otel.SPANS.clear()
-    handled_before = otel.total("dbfanout.events_handled", poller="orders", queue=app.queue)
-    # Given the real app on the local host (timer every second, queue trigger on the emulator)
+    app, attrs = case.app, case.attrs
+    # Given the real app on the local host (timer every second, its trigger on the emulator or Azurite)
     host = LocalHost(app.root, "function_app:app", grace_seconds=10)
     caplog.set_level(logging.INFO, logger="dbfanout")
     host.start()
     try:
         # When it sends 12 rows in one message, the handler fails on row 7, the message is split
-        # and row 7's single fails its 3 deliveries into the dead-letter queue
+        # and row 7's single fails its 3 deliveries into the dead-letter (poison) queue
         wait_for(
             lambda: (
-                otel.total("dbfanout.events.dead_lettered", poller="orders", queue=app.queue) >= 1
-                and otel.total("dbfanout.events_handled", poller="orders", queue=app.queue) - handled_before >= ROWS - 1
+                otel.total("dbfanout.events.dead_lettered", **attrs) >= 1
+                and otel.total("dbfanout.events_handled", **attrs) >= ROWS - 1
             ),
             90,
             "the good rows handled and the poison row dead-lettered",
         )
     finally:
         host.stop()
-    module = sys.modules[[m for m in sys.modules if m.startswith("otel_handler_")][-1]]
-    assert sorted(set(module.RECEIVED)) == sorted(module.RECEIVED) and len(module.RECEIVED) == ROWS - 1
+    received = sys.modules[case.module].RECEIVED
+    assert sorted(set(received)) == sorted(received) and len(received) == ROWS - 1
     # Then one trace links the poller's send span to the worker's span of the same message
-    sends = [s for s in otel.spans("dbfanout.send") if _destination(s) == app.queue]
-    delivers = [s for s in otel.spans("dbfanout.deliver") if _destination(s) == app.queue]
-    (send,) = sends
+    destination = attrs["queue"]
+    (send,) = [s for s in otel.spans("dbfanout.send") if _destination(s) == destination]
+    delivers = [s for s in otel.spans("dbfanout.deliver") if _destination(s) == destination]
     first = [d for d in delivers if dict(d.attributes or {})["dbfanout.events"] == ROWS]
     assert first and all(d.parent is not None and d.parent.span_id == send.context.span_id for d in first)
-    assert {d.context.trace_id for d in delivers} == {send.context.trace_id}  # singles too
-    # And the commit -> handler histogram has one observation per handled event (read time: keyset)
+    assert {d.context.trace_id for d in delivers} == {send.context.trace_id}  # the singles too
+    # And the commit -> handler histogram has one observation per handled event (keyset: the read time)
     latency = [
-        (attrs, p)
-        for attrs, p in otel.points().get("dbfanout.commit_to_handler", [])
-        if attrs.get("queue") == app.queue
+        (point_attrs, p)
+        for point_attrs, p in otel.points().get("dbfanout.commit_to_handler", [])
+        if point_attrs.get("queue") == destination
     ]
-    assert [(attrs["commit_time"], p.count) for attrs, p in latency] == [("read", ROWS - 1)]
-    # And the poisoned event is dead-lettered once, its failure explained and scrubbed
-    assert otel.total("dbfanout.events.dead_lettered", poller="orders", queue=app.queue) == 1
-    assert otel.total("dbfanout.messages_split", poller="orders", queue=app.queue) == 1
+    assert [(a["commit_time"], a.get("subscription"), p.count) for a, p in latency] == [
+        ("read", attrs.get("subscription"), ROWS - 1)
+    ]
+    # And the poisoned event is dead-lettered once; its spans and the logs hold no secret
+    assert otel.total("dbfanout.events.dead_lettered", **attrs) == 1
+    assert otel.total("dbfanout.messages_split", **attrs) == 1
     failed = [s for s in delivers if s.status.status_code.name == "ERROR"]
     assert failed and all(SECRET not in str(e.attributes) for s in failed for e in s.events)
     assert not any(SECRET in caplog.handler.format(r) for r in caplog.records)
-    # And the dead-lettered message's failure record says why (what `dbfanout dlq peek` shows)
-    config = load_config(app.root / "dbfanout.toml", app_root=app.root)
-    with (
-        ServiceBusClient.from_connection_string(app.settings["DBFANOUT_SERVICEBUS"]) as client,
-        client.get_queue_receiver(app.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver,
-    ):
-        (dead,) = receiver.peek_messages(max_message_count=10)
-    record = open_failure_store(config).lookup(app.queue, b"".join(dead.body))
-    assert record is not None and record.dead_lettered and record.delivery_count == 3
-    assert record.error.startswith("ConnectionError: cannot write row 7") and SECRET not in record.error
+    # And `dbfanout dlq peek --json` shows why it failed, scrubbed
+    peek = CliRunner().invoke(cli, ["dlq", "peek", case.entity, "--json", "--config", str(app.root / "dbfanout.toml")])
+    assert peek.exit_code == 0, peek.output
+    (line,) = json.loads(peek.stdout)
+    failure = line["failure"]
+    assert failure["error"].startswith("ConnectionError: cannot write row 7")
+    assert "SharedAccessKey=***" in failure["error"] and SECRET not in peek.stdout
+    assert failure["delivery_count"] == 3 and failure["dead_lettered"] is True
+    assert failure["subscription"] == attrs.get("subscription")
