@@ -123,7 +123,7 @@ def peek_command(
     selection = Selection(reason=reason, since=_since(since))
     with _poison(config, queue, poison_ops.DEFAULT_HOLD_SECONDS) as poison:
         if poison is not None:
-            with reporting_errors(), _explaining(config, poison.queue) as explain:
+            with reporting_errors(), _explaining(config, poison.queue, storage_queue=True) as explain:
                 views = poison.peek(selection, limit, explain=explain)
             _print_peek(views, poison.name, json_out, poison=True)
             return
@@ -134,11 +134,13 @@ def peek_command(
 
 
 @contextmanager
-def _explaining(config_path: Path | None, entity: str) -> Iterator[Callable[[MessageView], MessageView]]:
+def _explaining(
+    config_path: Path | None, entity: str, *, storage_queue: bool = False
+) -> Iterator[Callable[[MessageView], MessageView]]:
     """Each view with the failure record its last delivery left (why it failed), when there is one."""
     with reporting_errors():
         config = load(config_path)
-    with explaining(config, entity) as explain:
+    with explaining(config, entity, stale_check=not storage_queue) as explain:
         yield explain
 
 
@@ -192,7 +194,7 @@ def export_command(
     selection = Selection(reason=reason, since=_since(since))
     with _poison(config, queue, hold) as poison:
         if poison is not None:
-            with reporting_errors(), _explaining(config, poison.queue) as explain:
+            with reporting_errors(), _explaining(config, poison.queue, storage_queue=True) as explain:
                 count = poison.export(out, selection, explain)
             source = poison.name
     if poison is None:

@@ -22,7 +22,7 @@ from azure.storage.queue import QueueServiceClient
 
 from poller.sink_servicebus import ServiceBusSink
 from poller.sink_storagequeue import StorageQueueSink
-from shared.failures import open_failure_store
+from shared.failures import FailureRecord, open_failure_store
 from shared.models import HandlerContext, RowChange
 from shared.servicebus import QueueSender
 from shared.storagequeue import StorageQueueSender, poison_queue_name
@@ -211,3 +211,22 @@ def test_peek_and_export_show_why_a_storage_queue_message_was_poisoned(
     finally:
         main.delete_queue()
         poison.delete_queue()
+
+
+def test_a_record_older_than_the_dead_lettered_copy_is_marked_stale(
+    workspace: Workspace, bus: ServiceBusClient
+) -> None:
+    # Given a failure record of an earlier copy of this body (it was replayed, then dead-lettered
+    # again without a delivery that raised: a crash, say)
+    from tests.cli.conftest import dead_letter
+
+    ws = workspace
+    ws.tick()  # the poller's first tick creates the state container
+    body = b'{"schema": "dbfanout.batch/1", "poller": "orders"}'
+    store = open_failure_store(ws.config)
+    old = FailureRecord(ws.queue, "orders", "m-old", 3, "2020-01-01T00:00:00+00:00", "ValueError", "ValueError: old")
+    store.record(old, body)
+    dead_letter(bus, ws.queue, [body])
+    # When the operator peeks; Then the record is shown, marked stale
+    (line,) = json.loads(ws.run("dlq", "peek", ws.queue, "--json").stdout)
+    assert line["failure"]["error"] == "ValueError: old" and line["failure"]["stale"] is True
