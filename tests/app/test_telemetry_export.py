@@ -118,3 +118,20 @@ def test_the_platform_worker_owns_the_export_when_its_telemetry_is_on(tmp_path: 
 )
 def test_the_settings_choose_one_exporter(env: dict[str, str], expected: str) -> None:
     assert chosen_exporter(env) == expected
+
+
+def test_dbfanout_run_otel_console_prints_spans() -> None:
+    # What `dbfanout run --otel console` configures before the app loads: spans printed on stdout
+    code = (
+        "from shared.otel_setup import configure_telemetry, shutdown_telemetry\n"
+        "assert configure_telemetry(override='console') == 'console'\n"
+        "assert configure_telemetry() == 'console'  # the app's own call keeps the CLI's choice\n"
+        "from shared.tracing import send_span\n"
+        "with send_span('orders', 'orders-changes', 'b-1', 3): pass\n"
+        "shutdown_telemetry()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**CLEAN, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"name": "dbfanout.send"' in done.stdout and '"dbfanout.poller": "orders"' in done.stdout
