@@ -47,7 +47,10 @@ class QueueSink:
         return pack_batch(batch, self._limit, oversize=self._claim_check)
 
     def send(self, batch: Batch) -> None:
-        with send_span(batch.poller, self._poller.queue, batch.batch_id, len(batch.events)):
+        span = send_span(
+            batch.poller, self._poller.queue, batch.batch_id, len(batch.events), transport=self._poller.transport
+        )
+        with span:
             traceparent = current_traceparent()  # None without a tracing SDK: nothing is stamped
             # The envelope carries the trace context (storage queues have no properties) and the time
             # the poller sent the page, read just before: commit -> handler latency falls back to it.

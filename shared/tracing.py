@@ -26,6 +26,7 @@ __all__ = [
     "PROP_TRACEPARENT",
     "current_traceparent",
     "delivery_span",
+    "messaging_system",
     "record_failure",
     "send_span",
     "tracer",
@@ -66,10 +67,12 @@ def record_failure(span: Span, error: BaseException) -> None:
 
 
 @contextmanager
-def send_span(poller: str, destination: str, batch_id: str, events: int) -> Iterator[Span]:
+def send_span(
+    poller: str, destination: str, batch_id: str, events: int, *, transport: str = "servicebus"
+) -> Iterator[Span]:
     """The poller's span around sending one page (a producer span)."""
     attributes = {
-        "messaging.system": "servicebus",
+        "messaging.system": messaging_system(transport),
         "messaging.operation": "publish",
         "messaging.destination.name": destination,
         "dbfanout.poller": poller,
@@ -105,6 +108,11 @@ def delivery_span(
     )
     with _failing(span_cm) as span:
         yield span
+
+
+def messaging_system(transport: str) -> str:
+    """The semantic-convention ``messaging.system`` of a poller's transport."""
+    return "azure_storage_queue" if transport == "storage-queue" else "servicebus"
 
 
 def _quiet(attributes: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from shared.logs import get_logger, ids
 from shared.models import Batch, HandlerContext, RowChange
 from shared.scrub import describe_error, safe_cause
 from shared.telemetry import metrics, recording
-from shared.tracing import delivery_span
+from shared.tracing import delivery_span, messaging_system
 from worker.handlers import Handler, call_handler, load_handler
 from worker.settlement import Settle, decide, split_first
 from worker.split import Splitter
@@ -114,7 +114,7 @@ class Worker:
         batch = self._decode(delivery)
         cfg = self._config.pollers.get(batch.poller)
         span_attributes = {
-            "messaging.system": "servicebus",
+            "messaging.system": messaging_system(cfg.transport if cfg is not None else "servicebus"),
             "messaging.operation": "process",
             "messaging.destination.name": cfg.queue if cfg is not None else None,
             "messaging.message.id": delivery.message_id,
