@@ -179,6 +179,7 @@ class PgLogicalSource:
             if retained is not None:  # the WAL the slot still holds back (operators alert on it)
                 attrs = {"poller": self._config.name, "slot": self._slot}
                 metrics.retained_wal_bytes.record(int(retained["retained_bytes"] or 0), attrs)
+                metrics.lag_wal_bytes.record(int(retained["lag_bytes"] or 0), attrs)
         except SourceError as exc:  # FetchError included: nothing is lost, the slot just lags
             log.warning(
                 "poller %s: could not advance slot %s to %s: %s", self._config.name, self._slot, target, exc,

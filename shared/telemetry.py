@@ -61,11 +61,12 @@ class Metrics:
     duplicates_absorbed: otel_metrics.Counter
     commit_to_handler: otel_metrics.Histogram
     retained_wal_bytes: LatestValue  # observable gauge, pg_logical pollers
+    lag_wal_bytes: LatestValue  # observable gauge, pg_logical pollers: WAL not yet delivered
 
 
 def _build() -> Metrics:
     meter = otel_metrics.get_meter("dbfanout")
-    last_success, retained_wal = LatestValue(), LatestValue()
+    last_success, retained_wal, lag_wal = LatestValue(), LatestValue(), LatestValue()
     meter.create_observable_gauge(
         "dbfanout.last_success_timestamp",
         callbacks=[last_success.observe],
@@ -77,6 +78,12 @@ def _build() -> Metrics:
         callbacks=[retained_wal.observe],
         unit="By",
         description="WAL the poller's replication slot holds back (pg_logical)",
+    )
+    meter.create_observable_gauge(
+        "dbfanout.pg_logical.lag",
+        callbacks=[lag_wal.observe],
+        unit="By",
+        description="WAL after the slot's confirmed position: the backlog not yet delivered (pg_logical)",
     )
     return Metrics(
         rows_fetched=meter.create_counter("dbfanout.rows_fetched", unit="{row}"),
@@ -106,6 +113,7 @@ def _build() -> Metrics:
             description="source commit time (or the best time the source knows, see commit_time) to handler done",
         ),
         retained_wal_bytes=retained_wal,
+        lag_wal_bytes=lag_wal,
     )
 
 

@@ -18,6 +18,7 @@ from poller.state_memory import MemoryStateStore
 from shared.codec import decode_batch, encode_batch
 from shared.config import PollerConfig
 from shared.outbox import outbox_ddl, write_change
+from shared.telemetry import metrics
 from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table
 from tests.poller.tick_support import RecordingSink, drain
 
@@ -46,6 +47,10 @@ def test_pg_logical_events_carry_their_transactions_commit_time(logical: Logical
     assert times[0] == times[1] and times[1] is not None and times[2] is not None and times[1] <= times[2]
     (decoded,) = [decode_batch(encode_batch(b)) for b in sink.accepted[:1]]
     assert [e.committed_at for e in decoded.events] == times[: len(decoded.events)]
+    # And the acknowledged slot reported the WAL it retains and its backlog (the gauges operators alert on)
+    attrs = {"poller": logical.config.name, "slot": PgLogicalSource(logical.config).slot}
+    retained, backlog = metrics.retained_wal_bytes.get(attrs), metrics.lag_wal_bytes.get(attrs)
+    assert retained is not None and retained >= 0 and backlog is not None and backlog >= 0
 
 
 def test_outbox_events_carry_their_rows_created_at(tmp_path: Path) -> None:
