@@ -41,12 +41,17 @@ import azure.functions as func
 from poller.functions import poller_blueprint
 from poller.runtime import Runtimes
 from shared.config import load_config
+from shared.otel_setup import configure_telemetry, shutdown_telemetry
 from shared.settings import load_settings
 from worker.functions import WorkerApp, worker_blueprint
 
 app = func.FunctionApp()
+_settings = load_settings(APP_ROOT)
+# Metrics and spans to Azure Monitor (APPLICATIONINSIGHTS_CONNECTION_STRING) or OTLP
+# (OTEL_EXPORTER_OTLP_ENDPOINT); nothing when neither is set. Opens no connection here.
+configure_telemetry(_settings)
 # Lenient: a poller whose source_url setting is missing fails its own ticks; the rest still run.
-config = load_config(app_root=APP_ROOT, settings=load_settings(APP_ROOT), lenient_settings=True)
+config = load_config(app_root=APP_ROOT, settings=_settings, lenient_settings=True)
 _runtimes = Runtimes(config)  # built lazily on the first tick / message: indexing opens nothing
 _worker_app = WorkerApp(config, app_root=APP_ROOT)
 app.register_functions(poller_blueprint(config, _runtimes))
@@ -57,3 +62,4 @@ def shutdown() -> None:
     """Close database engines, senders and clients (``dbfanout run`` calls it on a graceful stop)."""
     _runtimes.close()
     _worker_app.close()
+    shutdown_telemetry()  # flush what an SDK exporter still holds

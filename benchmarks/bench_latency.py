@@ -276,10 +276,15 @@ def _handled(path: Path) -> list[tuple[int, float]]:
     return [(int(n), float(t)) for n, t in pairs]
 
 
-def _start_host(app: AppDir, code: Path, out: Path, profile: Path | None) -> subprocess.Popen[bytes]:
-    """``dbfanout run`` of ``code`` on the app folder (under the profiler with ``--profile``)."""
+def _start_host(
+    app: AppDir, code: Path, out: Path, profile: Path | None, otel_endpoint: str | None = None
+) -> subprocess.Popen[bytes]:
+    """``dbfanout run`` of ``code`` on the app folder (under the profiler with ``--profile``); with
+    ``otel_endpoint``, the app exports its spans and metrics there over OTLP/HTTP."""
     env = {k: v for k, v in _code_env(code).items() if k not in app.settings}  # local.settings.json decides
     env["BENCH_OUT"] = str(out)
+    if otel_endpoint:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otel_endpoint
     cmd = [*_python(profile, "host"), "-m", "dbfanout.cli", "run", "--app-root", str(app.root)]
     with (app.root / "host.log").open("ab") as log:
         return subprocess.Popen(cmd, cwd=app.root, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -307,7 +312,7 @@ def catchup_once(
         (app.root / "dbfanout.toml").write_text(config)
         out = app.root / "handled.txt"
         started = time.time()
-        host = _start_host(app, code, out, profile)
+        host = _start_host(app, code, out, profile, args.otel_endpoint if label == "traced" else None)
         samples: list[tuple[float, int, float]] = []
         handled = 0
         while handled < args.rows:
@@ -352,6 +357,14 @@ def catchup(args: argparse.Namespace, tmp: Path) -> None:
     contestants = [("after", ROOT)]
     if args.baseline:
         contestants.append(("before", args.baseline.resolve()))
+    sink = None
+    args.otel_endpoint = None
+    if args.otel:  # tracing off ("after") and on ("traced"), same code, interleaved
+        from otlp_sink import OtlpSink  # beside this script
+
+        sink = OtlpSink().__enter__()
+        args.otel_endpoint = sink.endpoint
+        contestants.append(("traced", ROOT))
     source = tmp / "source.db"
     _write_source(source, args.rows)
     azurite = start_azurite()
@@ -380,6 +393,9 @@ def catchup(args: argparse.Namespace, tmp: Path) -> None:
                     print(f"  {label} t={t:6.1f}s handled={n:>9} rss={rss:7.1f} MB")
     finally:
         azurite.stop()
+        if sink is not None:
+            print(f"telemetry requests received from the traced hosts: {sink.received}")
+            sink.__exit__()
 
 
 def main() -> None:
@@ -400,6 +416,11 @@ def main() -> None:
     )
     cat.add_argument("--repeat", type=int, default=1, help="rounds; contestants alternate their order")
     cat.add_argument("--baseline", type=Path, help="another checkout (git worktree add DIR COMMIT), run alike")
+    cat.add_argument(
+        "--otel",
+        action="store_true",
+        help="also run this checkout with tracing and metrics exported over OTLP/HTTP to a local sink (label traced)",
+    )
     cat.add_argument("--profile", type=Path, help="write host.txt and emulator.txt (CPU profiles) per contestant here")
     cat.add_argument("--verbose", action="store_true", help="print the RSS samples of the first round")
     cat.add_argument("--timeout", type=float, default=3600.0)

@@ -285,6 +285,12 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=DEPTH, help="max_uncommitted_batches")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--baseline", type=Path, help="another checkout: compare its packed poller with this one")
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="tracing and metrics on: the OpenTelemetry SDK with the OTLP/HTTP exporter (shared.otel_setup) "
+        "sending to a local sink (benchmarks/otlp_sink.py); compare with a run without it",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--storage", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -292,6 +298,15 @@ def main() -> None:
         child(args.child, args.storage, args.depth)
         return
 
+    sink = None
+    if args.otel:
+        from otlp_sink import OtlpSink  # beside this script
+
+        from shared.otel_setup import configure_telemetry
+
+        sink = OtlpSink().__enter__()
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.endpoint
+        print(f"telemetry: {configure_telemetry()} to {sink.endpoint}")
     azurite = start_azurite()
     tmp = Path(tempfile.mkdtemp(prefix="dbfanout-bench-"))
     targets = [("sqlite-file", f"sqlite:///{tmp / 'bench.db'}")]
@@ -368,6 +383,12 @@ def main() -> None:
         azurite.stop()
         for url, table in built_tables:
             drop_table(url, table)
+        if sink is not None:
+            from shared.otel_setup import shutdown_telemetry
+
+            shutdown_telemetry()  # flush, so the sink's counts are complete
+            print(f"telemetry requests received: {sink.received}")
+            sink.__exit__()
 
 
 if __name__ == "__main__":

@@ -337,6 +337,59 @@ def check_config(infra: Path, config_path: Path) -> list[Problem]:
     return problems
 
 
+def _check_alerts(where: str, pollers: dict[str, Any], values: dict[str, Any], main_text: str) -> list[Problem]:
+    """Every configured poller gets its alerts: an entry in the ``pollers`` parameter whose kind and
+    schedule interval are the config's (a pg_logical poller gets its retained-WAL alert, the stall
+    alert counts the right intervals), and main.bicep deploys modules/alerts.bicep with them."""
+    problems: list[Problem] = []
+    if "'./modules/alerts.bicep'" not in main_text or not re.search(r"^\s*pollers:\s*pollers\s*$", main_text, re.M):
+        problems.append(Problem("alerts", "main.bicep", "modules/alerts.bicep is not deployed with pollers: pollers"))
+    entries = {e.get("name"): e for e in values.get("pollers") or [] if isinstance(e, dict)}
+    for name, poller in pollers.items():
+        entry = entries.get(name)
+        if entry is None:
+            problems.append(
+                Problem(
+                    "alerts",
+                    where,
+                    f"pollers.{name} has no entry in the pollers parameter of main.parameters.json, so it gets no "
+                    f"stall, lag or WAL alert: add {{name: '{name}', scheduleSeconds: ..., kind: "
+                    f"'{poller.get('kind', 'keyset')}'}}",
+                )
+            )
+            continue
+        kind = poller.get("kind", "keyset")
+        if entry.get("kind", "keyset") != kind:
+            problems.append(
+                Problem(
+                    "alerts",
+                    where,
+                    f"pollers.{name} is kind {kind!r} but its pollers entry says {entry.get('kind')!r}"
+                    + (
+                        " (a pg_logical poller needs its retained-WAL alert)"
+                        if "pg_logical" in (kind, entry.get("kind"))
+                        else ""
+                    ),
+                )
+            )
+        schedule = str(poller.get("schedule", "*/5 * * * * *"))
+        given = entry.get("scheduleSeconds")
+        if not isinstance(given, int | float) or given <= 0:
+            problems.append(Problem("alerts", where, f"the pollers entry of {name} needs scheduleSeconds > 0"))
+        elif not schedule.startswith("%"):
+            interval = ncrontab_max_interval_seconds(schedule)
+            if abs(float(given) - interval) > 0.5:
+                problems.append(
+                    Problem(
+                        "alerts",
+                        where,
+                        f"pollers.{name}.schedule = {schedule!r} fires every {interval:g} s at most, but its "
+                        f"pollers entry says scheduleSeconds = {given}: the stall alert would count wrong intervals",
+                    )
+                )
+    return problems
+
+
 def _check_entity(
     where: str, key: str, poller: dict[str, Any], values: dict[str, Any], default_window: str | None
 ) -> list[Problem]:
@@ -651,9 +704,19 @@ def check_outputs(infra: Path) -> list[Problem]:
     return problems
 
 
+def check_alerts(infra: Path, config_path: Path) -> list[Problem]:
+    """Every poller of one dbfanout.toml gets its alerts (modules/alerts.bicep, the pollers parameter)."""
+    try:
+        cfg = tomllib.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        return [Problem("config", str(config_path), f"cannot read config: {exc}")]
+    main_text = (infra / "main.bicep").read_text(encoding="utf-8")
+    return _check_alerts(str(config_path), cfg.get("pollers", {}), _parameter_values(infra), main_text)
+
+
 def check_all(infra: Path, configs: Iterable[Path] = ()) -> list[Problem]:
     problems = check_app_settings(infra) + check_parameters(infra) + check_roles(infra) + check_outputs(infra)
     problems += check_python_version(infra) + check_topics_parameter(infra)
     for config in configs:
-        problems += check_config(infra, config)
+        problems += check_config(infra, config) + check_alerts(infra, config)
     return problems

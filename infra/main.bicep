@@ -114,6 +114,28 @@ param databaseUrlValues object = {}
 @description('Further non-secret app settings: {"NAME": "value"}.')
 param additionalAppSettings object = {}
 
+@description('One entry per poller of dbfanout.toml, for its alerts: {name, scheduleSeconds (the interval of its schedule), kind (keyset, outbox or pg_logical), lagThresholdSeconds?}. The offline gate checks every configured poller has one.')
+param pollers array = []
+
+@description('Email address that alerts go to (stall, lag, retained WAL, dead letters); empty for none.')
+param alertEmail string = ''
+
+@description('Webhook (https) that alerts are posted to, common alert schema; empty for none.')
+param alertWebhookUri string = ''
+
+@description('A poller is stalled after this many schedule intervals without a successful tick.')
+@minValue(2)
+@maxValue(100)
+param stallIntervals int = 5
+
+@description('Lag (seconds) above which a poller alerts, unless its pollers entry sets lagThresholdSeconds.')
+@minValue(1)
+param lagThresholdSeconds int = 300
+
+@description('Retained WAL (bytes) above which a pg_logical poller alerts.')
+@minValue(1048576)
+param retainedWalThresholdBytes int = 1073741824
+
 @description('Function app name; empty for a generated one.')
 param functionAppName string = ''
 
@@ -129,6 +151,7 @@ var deploymentContainerName = 'app-package-${take(appName, 32)}-${take(resourceT
 var keyVaultName = 'kv-${resourceToken}'
 var keyVaultUri = 'https://${keyVaultName}${environment().suffixes.keyvaultDns}/'
 var queueNames = [for q in queues: q.name]
+var topicNames = [for t in topics: t.name]
 
 module identity './modules/identity.bicep' = {
   name: 'identity'
@@ -173,6 +196,26 @@ module monitoring './modules/monitoring.bicep' = {
     applicationInsightsName: 'appi-${resourceToken}'
     location: location
     tags: allTags
+  }
+}
+
+module alerts './modules/alerts.bicep' = {
+  name: 'alerts'
+  params: {
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+    serviceBusNamespaceName: serviceBus.outputs.name
+    location: location
+    tags: allTags
+    pollers: pollers
+    queueNames: queueNames
+    topicNames: topicNames
+    storageQueueNames: useStorageQueues ? storageQueueNames : []
+    actionGroupName: 'ag-${resourceToken}'
+    alertEmail: alertEmail
+    alertWebhookUri: alertWebhookUri
+    stallIntervals: stallIntervals
+    lagThresholdSeconds: lagThresholdSeconds
+    retainedWalThresholdBytes: retainedWalThresholdBytes
   }
 }
 

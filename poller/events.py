@@ -36,6 +36,7 @@ def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventI
         poller=poller.name,
         before=fields.before if fields is not None else None,
         change=fields.change if fields is not None else None,
+        committed_at=fields.committed_at if fields is not None else None,
     )
 
 

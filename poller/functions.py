@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 
 import azure.functions as func
@@ -10,10 +11,16 @@ import azure.functions as func
 from poller.runtime import Runtimes
 from shared.config import Config
 from shared.logs import get_logger, ids
+from shared.scrub import scrubbed_errors
+from shared.telemetry import metrics
 
 __all__ = ["poller_blueprint", "timer_function_name"]
 
 log = get_logger("poller.functions")
+
+#: Tick outcomes of an instance that held the lease and finished (a tick another instance holds
+#: the lease for says nothing about this poller's health; the holder reports its own).
+_RAN = frozenset({"caught_up", "max_batches", "time_budget"})
 
 
 def timer_function_name(poller: str) -> str:
@@ -35,7 +42,10 @@ def poller_blueprint(config: Config, runtimes: Runtimes | None = None) -> func.B
 def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], None]:
     def tick(timer: func.TimerRequest) -> None:
         # A timer function must return None: the Python worker rejects other values.
-        result = runtimes.get(poller).tick()
+        with scrubbed_errors():  # the host logs what leaves a function verbatim
+            result = runtimes.get(poller).tick()
+        if result.stop_reason in _RAN:  # this instance ran the tick to its end: the poller is alive
+            metrics.last_success_timestamp.record(time.time(), {"poller": poller})
         log.info(
             "tick done",
             extra=ids(poller=poller, stop_reason=result.stop_reason, rows=result.rows, batches=result.batches),

@@ -25,6 +25,7 @@ auto-increment counter must not go back, on any server version).
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,6 +63,19 @@ _CREATED_KIND = {
     "mariadb": CursorKind("naive", _UTC),
     "sqlite": CursorKind("text_datetime", _UTC, " "),
 }
+
+
+def _created_time(value: Any) -> dt.datetime | None:
+    """An outbox row's ``created_at`` as an aware UTC time (stored naive UTC or as text on some
+    databases); None when it cannot be read (it only feeds commit -> handler latency)."""
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, dt.datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
 class OutboxSource:
@@ -209,7 +223,12 @@ class OutboxSource:
             position=row.position,
             values=_payload(values["payload"], outbox_id, self._config.table),
             deleted=is_delete(change),
-            event=EventFields(pk={"aggregate": values["aggregate"]}, cursor=outbox_id, change=change),
+            event=EventFields(
+                pk={"aggregate": values["aggregate"]},
+                cursor=outbox_id,
+                change=change,
+                committed_at=_created_time(values.get("created_at")),
+            ),
         )
 
     def _prune_statement(self, position: Position, retention: float) -> sa.Delete:

@@ -41,6 +41,7 @@ from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Lsn, Position
 from shared.settings import redact_url
+from shared.telemetry import metrics
 
 __all__ = ["PgLogicalSource", "setup_sql"]
 
@@ -173,6 +174,12 @@ class PgLogicalSource:
             with self._connection("acknowledge") as conn:
                 conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
                 conn.commit()
+                retained = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
+                conn.rollback()
+            if retained is not None:  # the WAL the slot still holds back (operators alert on it)
+                attrs = {"poller": self._config.name, "slot": self._slot}
+                metrics.retained_wal_bytes.record(int(retained["retained_bytes"] or 0), attrs)
+                metrics.lag_wal_bytes.record(int(retained["lag_bytes"] or 0), attrs)
         except SourceError as exc:  # FetchError included: nothing is lost, the slot just lags
             log.warning(
                 "poller %s: could not advance slot %s to %s: %s", self._config.name, self._slot, target, exc,
@@ -300,6 +307,7 @@ class PgLogicalSource:
             cursor=(c.commit_lsn, c.seq),
             change=c.kind,
             before=before,
+            committed_at=c.commit_time,
         )
         # A delete has no new row: no values (the event's after is null; its old image is before).
         return SourceRow(Position(c.commit_lsn, {"seq": c.seq}), dict(c.new or {}), deleted, fields)

@@ -16,6 +16,7 @@ and named in :attr:`Change.unchanged`.
 
 from __future__ import annotations
 
+import datetime as dt
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from typing import Any, Literal
 
 from shared.errors import SourceError
 from shared.models import Lsn
+
+_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
 __all__ = ["Change", "Decoder", "Relation"]
 
@@ -83,6 +86,11 @@ class Change:
     @property
     def key(self) -> tuple[int, int]:
         return (self.commit_lsn, self.seq)
+
+    @property
+    def commit_time(self) -> dt.datetime:
+        """The transaction's commit time (UTC), as the primary recorded it."""
+        return _PG_EPOCH + dt.timedelta(microseconds=self.commit_time_us)
 
 
 class _Reader:

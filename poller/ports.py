@@ -76,6 +76,7 @@ class EventFields:
     cursor: CursorValue
     change: str | None = None
     before: Mapping[str, Any] | None = None
+    committed_at: dt.datetime | None = None  # when the source committed it, if it knows (telemetry)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,16 @@ once the queue accepted every message of the batch.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from shared.config import PollerConfig
 from shared.messages import OutgoingMessage, pack_batch
 from shared.models import Batch, RowChange
 from shared.telemetry import metrics
+from shared.tracing import PROP_DIAGNOSTIC_ID, PROP_TRACEPARENT, current_traceparent, send_span
 
 __all__ = ["ClaimCheckHook", "MessageSender", "QueueSink"]
 
@@ -44,9 +47,26 @@ class QueueSink:
         return pack_batch(batch, self._limit, oversize=self._claim_check)
 
     def send(self, batch: Batch) -> None:
-        messages = self.messages_for(batch)
-        self._sender.send_all(messages)
+        span = send_span(
+            batch.poller, self._poller.queue, batch.batch_id, len(batch.events), transport=self._poller.transport
+        )
+        with span:
+            traceparent = current_traceparent()  # None without a tracing SDK: nothing is stamped
+            # The envelope carries the trace context (storage queues have no properties) and the time
+            # the poller sent the page, read just before: commit -> handler latency falls back to it.
+            batch = replace(batch, traceparent=traceparent, read_at=batch.read_at or dt.datetime.now(dt.UTC))
+            messages = self.messages_for(batch)
+            if traceparent is not None:
+                messages = [_stamped(m, traceparent) for m in messages]
+            self._sender.send_all(messages)
         metrics.messages_enqueued.add(len(messages), {"poller": batch.poller})
 
     def close(self) -> None:
         self._sender.close()
+
+
+def _stamped(message: OutgoingMessage, traceparent: str) -> OutgoingMessage:
+    """The trace context in the properties the Functions host and the Azure SDKs read (Service Bus;
+    a storage queue's sender sends the body only)."""
+    props = {**message.application_properties, PROP_TRACEPARENT: traceparent, PROP_DIAGNOSTIC_ID: traceparent}
+    return replace(message, application_properties=props)

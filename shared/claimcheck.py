@@ -28,7 +28,7 @@ from shared.errors import ConfigError, EnqueueError, EnvelopeError
 from shared.models import RowChange
 from shared.settings import storage_connection
 
-__all__ = ["CLAIM_KEY", "CLAIM_PREFIX", "ClaimCheck", "is_claim", "open_claim_check"]
+__all__ = ["CLAIM_KEY", "CLAIM_PREFIX", "ClaimCheck", "is_claim", "open_claim_check", "state_container"]
 
 #: The only key of a reference event's ``after``; documented in the envelope JSON Schema.
 CLAIM_KEY = "$dbfanout_claim_check"
@@ -96,6 +96,11 @@ class ClaimCheck:
 
 def open_claim_check(config: Config) -> ClaimCheck:
     """The app's claim store: the state container of the state storage account (no I/O yet)."""
+    return ClaimCheck(state_container(config), prefix=f"{CLAIM_PREFIX}/{config.app.name}")
+
+
+def state_container(config: Config) -> ContainerClient:
+    """The state container of the state storage account (no I/O yet): claims and failure records."""
     app = config.app
     conn = storage_connection(config.settings, app.state_connection)
     if conn.connection_string:
@@ -110,4 +115,4 @@ def open_claim_check(config: Config) -> ClaimCheck:
         container = ContainerClient(conn.blob_service_uri, app.state_container, credential=credential)
     else:
         raise ConfigError(f"settings.{app.state_connection}", "needs a connection string or a blob service URI")
-    return ClaimCheck(container, prefix=f"{CLAIM_PREFIX}/{app.name}")
+    return container

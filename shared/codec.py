@@ -487,20 +487,49 @@ def encode_event(event: RowChange) -> dict[str, Any]:
         out["types"] = types
     if event.change is not None:  # optional: absent for cursor polling, so its bodies are unchanged
         out["change"] = event.change
+    if event.committed_at is not None:  # optional: change-log sources' commit time (telemetry)
+        out["committed_at"] = _iso(event.committed_at)
     return out
+
+
+def _envelope_extras(batch: Batch) -> dict[str, Any]:
+    """The envelope's optional top-level fields; absent when unset (old readers ignore them)."""
+    extras: dict[str, Any] = {}
+    if batch.read_at is not None:
+        extras["read_at"] = _iso(batch.read_at)
+    if batch.traceparent is not None:
+        extras["traceparent"] = batch.traceparent
+    return extras
+
+
+def envelope_header(batch: Batch) -> dict[str, Any]:
+    """The envelope without its events' content: ``events`` is the last key, an empty list."""
+    return {
+        "schema": batch.schema,
+        "poller": batch.poller,
+        "batch_id": batch.batch_id,
+        "source_fingerprint": batch.source_fingerprint,
+        **_envelope_extras(batch),
+        "events": [],
+    }
+
+
+def _optional_time(value: Any) -> dt.datetime | None:
+    """An optional telemetry timestamp: an ISO string with an offset, else None (never fails a message)."""
+    if type(value) is not str:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
 
 
 def encode_batch(batch: Batch, events: tuple[RowChange, ...] | None = None) -> bytes:
     """Encode a batch (or a slice of its events) as the message body."""
-    return dumps(
-        {
-            "schema": batch.schema,
-            "poller": batch.poller,
-            "batch_id": batch.batch_id,
-            "source_fingerprint": batch.source_fingerprint,
-            "events": [encode_event(e) for e in (batch.events if events is None else events)],
-        }
-    )
+    doc = envelope_header(batch)
+    doc["events"] = [encode_event(e) for e in (batch.events if events is None else events)]
+    return dumps(doc)
 
 
 def decode_event(raw: Any, poller: str) -> RowChange:
@@ -534,6 +563,7 @@ def decode_event(raw: Any, poller: str) -> RowChange:
             poller=poller,
             before=None if before is None else _decode_map(before, types.get("before") or {}),
             change=change,
+            committed_at=_optional_time(raw.get("committed_at")),
         )
     except SerializationError as exc:
         raise EnvelopeError(f"event {raw['event_id']}: {exc}") from exc
@@ -554,7 +584,15 @@ def decode_batch(data: bytes | str) -> Batch:
         raise EnvelopeError("poller, batch_id and source_fingerprint must be strings")
     if not isinstance(events, list) or not events:
         raise EnvelopeError("events must be a non-empty list")
-    return Batch(poller=poller, batch_id=batch_id, source_fingerprint=fingerprint, events=decode_events(events, poller))
+    traceparent = raw.get("traceparent")
+    return Batch(
+        poller=poller,
+        batch_id=batch_id,
+        source_fingerprint=fingerprint,
+        events=decode_events(events, poller),
+        read_at=_optional_time(raw.get("read_at")),
+        traceparent=traceparent if type(traceparent) is str else None,
+    )
 
 
 _OPS = frozenset({"upsert", "delete"})
@@ -571,6 +609,7 @@ _new_event = object.__new__
     _set_before,
     _set_source,
     _set_change,
+    _set_committed_at,
 ) = (getattr(RowChange, name).__set__ for name in RowChange.__slots__)
 
 
@@ -630,6 +669,8 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
         _set_before(event, before)
         _set_source(event, {})
         _set_change(event, change)
+        committed = raw.get("committed_at")
+        _set_committed_at(event, None if committed is None else _optional_time(committed))
         append(event)
     return tuple(out)
 

@@ -124,6 +124,9 @@ class PollerConfig:
     # (the entity the poller sends to) and ``subscriptions`` each name a handler.
     topic: str | None = None
     subscriptions: Mapping[str, SubscriptionConfig] = field(default_factory=dict)
+    # Telemetry: the (temporal) cursor column is the row's commit time, so commit -> handler latency
+    # is measured from it (else from the poller's read time; pg_logical and outbox know their own).
+    cursor_is_commit_time: bool = False
 
     # Not a config key: app settings ``source_url`` names that were not set when the config was
     # loaded leniently (as function_app.py does, so one poller's missing setting cannot unindex the
@@ -444,6 +447,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         publication=raw.get("publication"),
         topic=topic,
         subscriptions=subscriptions,
+        cursor_is_commit_time=bool(raw.get("cursor_is_commit_time", False)),
     )
 
 

@@ -14,14 +14,23 @@ import logging
 from typing import Any
 
 from shared.codec import dumps
+from shared.scrub import ScrubbingFilter
 
 __all__ = ["JsonFormatter", "TextFormatter", "console_handler", "fields_of", "get_logger", "ids", "use_console_format"]
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
+_SCRUB = ScrubbingFilter()
+
+
 def get_logger(name: str) -> logging.Logger:
-    return logging.getLogger(f"dbfanout.{name}")
+    """A ``dbfanout.<name>`` logger whose records are scrubbed of secrets before any handler sees
+    them (a logger's filters run for its own records, so each dbfanout logger carries one)."""
+    logger = logging.getLogger(f"dbfanout.{name}")
+    if _SCRUB not in logger.filters:
+        logger.addFilter(_SCRUB)
+    return logger
 
 
 def ids(**fields: Any) -> dict[str, Any]:
@@ -69,6 +78,8 @@ class JsonFormatter(logging.Formatter):
             doc[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # a scrubbed record keeps only its formatted traceback
+            doc["exception"] = record.exc_text
         return dumps(doc).decode()
 
 
@@ -76,6 +87,7 @@ def console_handler(stream: Any = None) -> logging.StreamHandler[Any]:
     """A stderr handler rendering fields as text; :func:`use_console_format` can switch it later."""
     handler = logging.StreamHandler(stream)
     handler.setFormatter(TextFormatter())
+    handler.addFilter(_SCRUB)  # also the SDKs' and the host's records
     handler.dbfanout_console = True  # type: ignore[attr-defined]
     return handler
 

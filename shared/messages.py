@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Protocol, runtime_checkable
 
-from shared.codec import dumps, encode_event
+from shared.codec import dumps, encode_event, envelope_header
 from shared.errors import OversizeRowError
 from shared.ids import idempotency_key
 from shared.models import BATCH_SCHEMA, Batch, RowChange
@@ -53,15 +53,7 @@ class OutgoingMessage:
 
 def _header(batch: Batch) -> bytes:
     """The envelope without its events: ``{"schema":...,"events":[`` ... ``]}``."""
-    head = dumps(
-        {
-            "schema": batch.schema,
-            "poller": batch.poller,
-            "batch_id": batch.batch_id,
-            "source_fingerprint": batch.source_fingerprint,
-            "events": [],
-        }
-    )
+    head = dumps(envelope_header(batch))
     return head[:-2]  # strip the closing "]}"
 
 

@@ -133,6 +133,9 @@ class RowChange:
         change: the precise change when the source knows it (``op`` stays the coarse
             ``upsert``/``delete``): the outbox row's ``type`` for an outbox source,
             ``insert``/``update``/``delete`` for a change-log source; None for cursor polling.
+        committed_at: when the source committed the change, where it knows it (the transaction's
+            commit time for pg_logical, the outbox row's ``created_at``, a cursor declared as the
+            commit time); None otherwise. Used for the commit-to-handler latency metric.
     """
 
     event_id: str
@@ -144,6 +147,7 @@ class RowChange:
     before: Mapping[str, Any] | None = None
     source: Mapping[str, Any] = field(default_factory=dict)
     change: str | None = None
+    committed_at: dt.datetime | None = field(default=None, compare=False)  # telemetry, not identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +159,11 @@ class Batch:
     source_fingerprint: str
     events: Sequence[RowChange]  # a tuple, or built on first access (the poller's LazyEvents)
     schema: str = BATCH_SCHEMA
+    # Optional envelope fields (telemetry): when the poller read the page, and the W3C trace
+    # context of the span that sent it (how storage queues carry it; Service Bus also has it in
+    # the traceparent / Diagnostic-Id application properties).
+    read_at: dt.datetime | None = field(default=None, compare=False)
+    traceparent: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

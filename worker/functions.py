@@ -22,8 +22,10 @@ from shared.claimcheck import ClaimCheck, is_claim, open_claim_check
 from shared.closing import close_and_clear
 from shared.config import Config
 from shared.errors import ConfigError
+from shared.failures import FailureRecord, FailureStore, open_failure_store
 from shared.messages import OutgoingMessage
 from shared.models import RowChange
+from shared.scrub import scrubbed_errors
 from shared.servicebus import LazyServiceBusClient, QueueSender
 from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
@@ -90,6 +92,7 @@ class WorkerApp:
         self._bus = LazyServiceBusClient(config.settings, config.app.servicebus_connection)
         self._senders: dict[str, QueueSender | StorageQueueSender] = {}
         self._claims: ClaimCheck | None = None
+        self._failures: FailureStore | None = None
 
     def _send_all(self, queue: str, messages: list[OutgoingMessage]) -> None:
         """Where split singles go: back to the queue they came from, over its transport."""
@@ -117,6 +120,7 @@ class WorkerApp:
                     splitter=Splitter(self.config, self._send_all),
                     app_root=self._app_root,
                     resolve_claims=self._resolve_claim,
+                    failures=self,
                 )
             return self._worker
 
@@ -130,6 +134,19 @@ class WorkerApp:
             claims = self._claims
         return claims.resolve(event)
 
+    def _failure_store(self) -> FailureStore:
+        with self._lock:
+            if self._failures is None:
+                self._failures = open_failure_store(self.config)
+            return self._failures
+
+    def record(self, record: FailureRecord, body: bytes) -> None:
+        """The worker's failure recorder: the state container, opened on the first failure."""
+        self._failure_store().record(record, body)
+
+    def clear(self, entity: str, body: bytes) -> None:
+        self._failure_store().clear(entity, body)
+
     def process(self, msg: func.ServiceBusMessage, subscription: str | None = None) -> None:
         """Handle a message of a queue, or of a topic's ``subscription``."""
         self.worker.process(delivery_from_functions(msg), subscription)
@@ -140,6 +157,9 @@ class WorkerApp:
     def close(self) -> None:
         with self._lock:
             close_and_clear(self._senders)
+            if self._failures is not None:
+                self._failures.close()
+                self._failures = None
             self._bus.close()
 
 
@@ -210,7 +230,8 @@ def _transport(config: Config, queue: str) -> str:
 
 def _storage_queue(app: WorkerApp, queue: str) -> Callable[[func.QueueMessage], None]:
     def work(msg: func.QueueMessage) -> None:
-        app.process_queue_message(msg)
+        with scrubbed_errors():  # the host logs what leaves a function verbatim
+            app.process_queue_message(msg)
 
     work.__name__ = queue_function_name(queue)
     return work
@@ -225,7 +246,8 @@ def _service_bus(
 
 def _one(app: WorkerApp, name: str, subscription: str | None) -> Callable[[func.ServiceBusMessage], None]:
     def work(msg: func.ServiceBusMessage) -> None:
-        app.process(msg, subscription)
+        with scrubbed_errors():  # the host logs what leaves a function verbatim
+            app.process(msg, subscription)
 
     work.__name__ = name
     return work
@@ -244,7 +266,8 @@ def _many(app: WorkerApp, name: str, subscription: str | None) -> Callable[[typi
                 exc.add_note(f"message_id={one.message_id} delivery_count={one.delivery_count}")
                 errors.append(exc)
         if errors:
-            raise batch_failure(errors, len(msg))
+            with scrubbed_errors():
+                raise batch_failure(errors, len(msg))
 
     work.__name__ = name
     return work

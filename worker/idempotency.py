@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from shared.models import RowChange
+from shared.telemetry import metrics
 
 __all__ = ["ProcessedEvents"]
 
@@ -65,6 +66,12 @@ class ProcessedEvents:
         events = list(events)
         if not events:
             return []
+        fresh = self._fresh(conn, events)
+        if len(fresh) < len(events):  # redeliveries this table absorbed
+            metrics.duplicates_absorbed.add(len(events) - len(fresh), {"poller": events[0].poller})
+        return fresh
+
+    def _fresh(self, conn: sa.Connection, events: list[RowChange]) -> list[RowChange]:
         stmt = self._insert_ignoring_duplicates(conn.dialect.name)
         now = dt.datetime.now(dt.UTC)
         rows = [{"event_id": e.event_id, "poller": e.poller, "processed_at": now} for e in events]

@@ -16,20 +16,23 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shared.claimcheck import is_claim
 from shared.codec import decode_batch
 from shared.config import Config
 from shared.errors import ConfigError, EnvelopeError, HandlerError
+from shared.failures import FailureRecord
 from shared.logs import get_logger, ids
 from shared.models import Batch, HandlerContext, RowChange
-from shared.telemetry import metrics
+from shared.scrub import describe_error, safe_cause
+from shared.telemetry import metrics, recording
+from shared.tracing import delivery_span, messaging_system
 from worker.handlers import Handler, call_handler, load_handler
 from worker.settlement import Settle, decide, split_first
 from worker.split import Splitter
 
-__all__ = ["Delivery", "HandlerKey", "Worker"]
+__all__ = ["Delivery", "FailureRecorder", "HandlerKey", "Worker", "entity_of"]
 
 log = get_logger("worker")
 
@@ -60,8 +63,10 @@ class Worker:
         handlers: Mapping[str, Handler] | Mapping[HandlerKey, Handler] | None = None,
         app_root: Path | None = None,
         resolve_claims: Callable[[RowChange], RowChange] | None = None,
+        failures: FailureRecorder | None = None,
     ) -> None:
-        """``handlers`` replace configured ones: by poller name, or by ``(poller, subscription)``."""
+        """``handlers`` replace configured ones: by poller name, or by ``(poller, subscription)``.
+        ``failures``: where each failed delivery leaves its reason for ``dbfanout dlq`` (shared.failures)."""
         self._config = config
         self._splitter = splitter
         self._handlers: dict[HandlerKey, Handler] = {
@@ -69,6 +74,7 @@ class Worker:
         }
         self._app_root = app_root
         self._resolve_claims = resolve_claims
+        self._failures = failures
 
     def handler_for(self, poller: str, subscription: str | None = None) -> Handler:
         """The handler of ``poller`` (queue pollers) or of its ``subscription`` (topic pollers), cached."""
@@ -106,6 +112,22 @@ class Worker:
         ``subscription``: the topic subscription it was received on (None: a queue).
         """
         batch = self._decode(delivery)
+        cfg = self._config.pollers.get(batch.poller)
+        span_attributes = {
+            "messaging.system": messaging_system(cfg.transport if cfg is not None else "servicebus"),
+            "messaging.operation": "process",
+            "messaging.destination.name": cfg.queue if cfg is not None else None,
+            "messaging.message.id": delivery.message_id,
+            "dbfanout.poller": batch.poller,
+            "dbfanout.subscription": subscription,
+            "dbfanout.batch_id": batch.batch_id,
+            "dbfanout.delivery_count": delivery.delivery_count,
+            "dbfanout.events": len(batch.events),
+        }
+        with delivery_span(delivery.application_properties, batch.traceparent, span_attributes):
+            return self._process(batch, delivery, subscription)
+
+    def _process(self, batch: Batch, delivery: Delivery, subscription: str | None) -> Settle:
         handler = self._handler(batch, delivery, subscription)
         cfg = self._config.pollers[batch.poller]
         deliveries = cfg.deliveries_for(subscription)  # each subscription has its own MaxDeliveryCount
@@ -128,7 +150,7 @@ class Worker:
             error: Exception | None = None
         except Exception as exc:  # the user's code may raise anything; it fails the message
             error = exc
-        metrics.handler_duration.record(time.perf_counter() - started, {"poller": batch.poller})
+        metrics.handler_duration.record(time.perf_counter() - started, self._attrs(batch.poller, subscription))
         n_events = len(batch.events)
         outcome = decide(error is None, n_events, delivery.delivery_count, cfg.split_after_deliveries, deliveries)
         return self._carry_out(outcome, batch, delivery, error, subscription)
@@ -163,7 +185,7 @@ class Worker:
             queue=self._config.pollers[batch.poller].queue,
             subscription=subscription,
         )
-        metrics.messages_split.add(1, {"poller": batch.poller})
+        metrics.messages_split.add(1, self._attrs(batch.poller, subscription))
 
     def _decode(self, delivery: Delivery) -> Batch:
         try:
@@ -206,9 +228,15 @@ class Worker:
             delivery_count=delivery.delivery_count,
             events=len(batch.events),
         )
+        attrs = self._attrs(batch.poller, subscription)
         if outcome is Settle.COMPLETE:
-            metrics.events_handled.add(len(batch.events), {"poller": batch.poller})
+            metrics.events_handled.add(len(batch.events), attrs)
+            if recording():  # one observation per event: skipped without a metrics SDK
+                self._observe_latency(batch, delivery, attrs)
+            if delivery.delivery_count > 1:  # an earlier delivery may have left a failure record
+                self._clear_failure(batch, delivery, subscription)
             return outcome
+        metrics.deliveries_failed.add(1, attrs)
         if outcome is Settle.SPLIT and self._splitter is not None:
             # The error is logged before the singles go: if the split fails, the cause is on record.
             log.warning(
@@ -224,8 +252,101 @@ class Worker:
             exc_info=error,
         )
         metrics.failures.add(1, {"stage": "handler", "poller": batch.poller})
+        cfg = self._config.pollers[batch.poller]
+        if delivery.delivery_count >= cfg.deliveries_for(subscription):  # the last: the broker quarantines it
+            metrics.events_dead_lettered.add(len(batch.events), attrs)
+        assert error is not None
+        self._record_failure(batch, delivery, subscription, error)  # before raising: it may be the last
         where = f"poller {batch.poller}" + (f" subscription {subscription}" if subscription else "")
+        # The host logs this text on every failed delivery: scrubbed, and when the original text held
+        # a secret, without the original chained under it (its traceback is in the log line above).
         raise HandlerError(
             f"handler for {where} failed on message {delivery.message_id} "
-            f"(delivery {delivery.delivery_count}): {error!r}"
-        ) from error
+            f"(delivery {delivery.delivery_count}): {describe_error(error)}"
+        ) from safe_cause(error)
+
+    def _attrs(self, poller: str, subscription: str | None) -> dict[str, str]:
+        """Metric attributes: the poller, and where the worker received the message."""
+        cfg = self._config.pollers.get(poller)
+        attrs = {"poller": poller}
+        if cfg is not None:
+            attrs["queue"] = cfg.queue
+        if subscription is not None:
+            attrs["subscription"] = subscription
+        return attrs
+
+    def _observe_latency(self, batch: Batch, delivery: Delivery, attrs: dict[str, str]) -> None:
+        """``dbfanout.commit_to_handler``, one observation per event, from the best commit time known."""
+        cfg = self._config.pollers[batch.poller]
+        now = time.time()
+        source_kind = _COMMIT_KIND.get(cfg.kind, "source")
+        fallback = (batch.read_at, "read") if batch.read_at is not None else (delivery.enqueued_time, "enqueued")
+        zone = _zone(cfg.cursor_timezone)
+        record = metrics.commit_to_handler.record
+        labelled = {kind: {**attrs, "commit_time": kind} for kind in (source_kind, "cursor", "read", "enqueued")}
+        for event in batch.events:
+            when, kind = event.committed_at, source_kind
+            if when is None and cfg.cursor_is_commit_time and isinstance(event.cursor, dt.datetime):
+                when, kind = event.cursor if event.cursor.tzinfo else event.cursor.replace(tzinfo=zone), "cursor"
+            if when is None:
+                when, kind = fallback
+            if when is not None:
+                record(max(0.0, now - when.timestamp()), labelled[kind])
+
+    def _record_failure(self, batch: Batch, delivery: Delivery, subscription: str | None, error: Exception) -> None:
+        """Leave this failure where ``dbfanout dlq`` finds it; never fails the delivery further."""
+        if self._failures is None:
+            return
+        cfg = self._config.pollers[batch.poller]
+        record = FailureRecord(
+            entity=entity_of(cfg.queue, subscription),
+            poller=batch.poller,
+            message_id=delivery.message_id,
+            delivery_count=delivery.delivery_count,
+            failed_at=dt.datetime.now(dt.UTC).isoformat(),
+            error_type=type(error).__name__,
+            error=describe_error(error),
+            event_ids=tuple(e.event_id for e in batch.events),
+            subscription=subscription,
+            dead_lettered=delivery.delivery_count >= cfg.deliveries_for(subscription),
+        )
+        try:
+            self._failures.record(record, delivery.body)
+        except Exception as exc:  # the reason is also in the log line; the delivery fails either way
+            log.warning(
+                "could not write the failure record; `dbfanout dlq peek` will not show this reason",
+                extra=ids(poller=batch.poller, message_id=delivery.message_id, error=repr(exc)),
+            )
+
+    def _clear_failure(self, batch: Batch, delivery: Delivery, subscription: str | None) -> None:
+        if self._failures is None:
+            return
+        try:
+            self._failures.clear(entity_of(self._config.pollers[batch.poller].queue, subscription), delivery.body)
+        except Exception as exc:  # a stale record is harmless: the lifecycle rule expires it
+            log.debug("could not delete a failure record", extra=ids(message_id=delivery.message_id, error=repr(exc)))
+
+
+#: How the commit time of a change-log source's events is labelled (``commit_time`` attribute).
+_COMMIT_KIND = {"pg_logical": "pg_commit", "outbox": "outbox_created"}
+
+
+def _zone(name: str | None) -> dt.tzinfo:
+    """A naive temporal cursor's time zone (``cursor_timezone``), UTC when none is configured."""
+    if name is None:
+        return dt.UTC
+    from zoneinfo import ZoneInfo
+
+    return ZoneInfo(name)
+
+
+class FailureRecorder(Protocol):
+    """Where failed deliveries leave their reason (:class:`shared.failures.FailureStore`)."""
+
+    def record(self, record: FailureRecord, body: bytes) -> None: ...
+    def clear(self, entity: str, body: bytes) -> None: ...
+
+
+def entity_of(queue: str, subscription: str | None) -> str:
+    """The entity a message was received on, as operators name it: ``queue`` or ``topic/subscription``."""
+    return f"{queue}/{subscription}" if subscription is not None else queue

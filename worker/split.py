@@ -19,6 +19,7 @@ from shared.ids import split_message_id, subscription_split_message_id
 from shared.messages import OutgoingMessage, pack_batch, session_key
 from shared.models import Batch
 from shared.topology import PROP_TARGET
+from shared.tracing import PROP_DIAGNOSTIC_ID, PROP_TRACEPARENT, current_traceparent
 
 __all__ = ["PROP_SPLIT_FROM", "Splitter"]
 
@@ -39,6 +40,11 @@ class Splitter:
         extra = {PROP_SPLIT_FROM: parent_message_id}
         if subscription is not None:
             extra[PROP_TARGET] = subscription
+        # The singles continue the trace of the delivery that split them (else the parent's sender's).
+        traceparent = current_traceparent() or batch.traceparent
+        if traceparent is not None:
+            batch = replace(batch, traceparent=traceparent)
+            extra |= {PROP_TRACEPARENT: traceparent, PROP_DIAGNOSTIC_ID: traceparent}
         singles: list[OutgoingMessage] = []
         for event in batch.events:
             (message,) = pack_batch(replace(batch, events=(event,)), limit, oversize=lambda e, _n: e)

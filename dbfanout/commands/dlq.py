@@ -36,6 +36,7 @@ from dbfanout.commands.common import (
 from dbfanout.ops import dlq as ops
 from dbfanout.ops import poison as poison_ops
 from dbfanout.ops.bus import Entity, MessageView, bus_client, resolve_entity
+from dbfanout.ops.failures import explaining
 from dbfanout.ops.replay import ReplayReport, Selection, replay
 from dbfanout.ops.timeparse import parse_duration, parse_since
 
@@ -122,14 +123,25 @@ def peek_command(
     selection = Selection(reason=reason, since=_since(since))
     with _poison(config, queue, poison_ops.DEFAULT_HOLD_SECONDS) as poison:
         if poison is not None:
-            with reporting_errors():
-                views = poison.peek(selection, limit)
+            with reporting_errors(), _explaining(config, poison.queue, storage_queue=True) as explain:
+                views = poison.peek(selection, limit, explain=explain)
             _print_peek(views, poison.name, json_out, poison=True)
             return
     entity = _entity(config, queue)
-    with _client(config) as client, reporting_errors():
-        views = ops.peek(client, entity, selection, limit)
+    with _client(config) as client, reporting_errors(), _explaining(config, entity.label) as explain:
+        views = ops.peek(client, entity, selection, limit, explain)
     _print_peek(views, entity.dlq_label, json_out)
+
+
+@contextmanager
+def _explaining(
+    config_path: Path | None, entity: str, *, storage_queue: bool = False
+) -> Iterator[Callable[[MessageView], MessageView]]:
+    """Each view with the failure record its last delivery left (why it failed), when there is one."""
+    with reporting_errors():
+        config = load(config_path)
+    with explaining(config, entity, stale_check=not storage_queue) as explain:
+        yield explain
 
 
 def _print_peek(views: list[MessageView], title: str, json_out: bool, *, poison: bool = False) -> None:
@@ -137,7 +149,8 @@ def _print_peek(views: list[MessageView], title: str, json_out: bool, *, poison:
         print_json([v.to_json() for v in views])
         return
     table = Table(title=f"{title} ({len(views)} shown)")
-    for column in ("seq", "message id", "enqueued", "deliveries", "reason", "description", "poller", "events", "pks"):
+    columns = ("seq", "message id", "enqueued", "deliveries", "reason", "description", "poller", "events", "pks")
+    for column in (*columns, "failure"):
         table.add_column(column, overflow="fold")
     for v in views:
         poller, count, pks = v.envelope_summary()
@@ -152,10 +165,20 @@ def _print_peek(views: list[MessageView], title: str, json_out: bool, *, poison:
             poller or "-",
             str(count) if count is not None else "-",
             ", ".join(str(pk) for pk in pks) or "-",
+            _failure_text(v),
         )
     console.print(table)
     if poison and len(views) >= poison_ops.PEEK_MAX:
         err_console.print("[dim]storage queues peek at most 32 messages; `dlq export` lists them all[/]")
+
+
+def _failure_text(view: MessageView) -> str:
+    """The last failure, as a table cell: ``Type: message (delivery N, at T)``."""
+    failure = view.failure
+    if not failure:
+        return "-"
+    text = str(failure.get("error") or failure.get("error_type") or "?")
+    return f"{text[:160]} (delivery {failure.get('delivery_count')}, {str(failure.get('failed_at'))[:19]})"
 
 
 def export_command(
@@ -171,13 +194,13 @@ def export_command(
     selection = Selection(reason=reason, since=_since(since))
     with _poison(config, queue, hold) as poison:
         if poison is not None:
-            with reporting_errors():
-                count = poison.export(out, selection)
+            with reporting_errors(), _explaining(config, poison.queue, storage_queue=True) as explain:
+                count = poison.export(out, selection, explain)
             source = poison.name
     if poison is None:
         entity = _entity(config, queue)
-        with _client(config) as client, reporting_errors():
-            count = ops.export(client, entity, out, selection)
+        with _client(config) as client, reporting_errors(), _explaining(config, entity.label) as explain:
+            count = ops.export(client, entity, out, selection, explain)
         source = entity.dlq_label
     if json_out:
         print_json({"queue": queue, "out": str(out), "exported": count})

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -46,10 +46,20 @@ def run(
             help="text (message, then key=value fields) or json (one object per line)",
         ),
     ] = "text",
+    otel: Annotated[
+        str | None,
+        typer.Option(
+            "--otel",
+            help="Export dbfanout's spans and metrics: console (to stdout), otlp, azure-monitor, or none; "
+            "default: what the settings ask for (OTEL_EXPORTER_OTLP_ENDPOINT, APPLICATIONINSIGHTS_CONNECTION_STRING)",
+        ),
+    ] = None,
 ) -> None:
     """Run function_app.py locally: fire its timers, feed its queue triggers."""
     if log_format not in ("text", "json"):
         raise typer.BadParameter(f"{log_format!r}: use text or json", param_hint="--log-format")
+    if otel not in (None, "console", "otlp", "azure-monitor", "none"):
+        raise typer.BadParameter(f"{otel!r}: use console, otlp, azure-monitor or none", param_hint="--otel")
     root = (app_root or Path.cwd()).resolve()
     extra = {CONFIG_SETTING: str(config.resolve())} if config is not None else {}
     logging.getLogger().setLevel(logging.WARNING)
@@ -59,6 +69,10 @@ def run(
     from dbfanout.host.host import configure_logging
 
     configure_logging(getattr(logging, log_level.upper(), logging.INFO), "json" if log_format == "json" else "text")
+    if otel is not None:  # before the app loads: its own configure_telemetry() then keeps this choice
+        from shared.otel_setup import Exporter, configure_telemetry
+
+        configure_telemetry(override=cast(Exporter, otel))
     stop = threading.Event()
     host = LocalHost(root, app, extra_settings=extra, grace_seconds=grace)
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

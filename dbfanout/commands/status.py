@@ -138,6 +138,13 @@ def status_command(
         cfg = load(config)
         if poller:
             cfg.poller(poller)
+    if watch and not json_out and console.is_terminal:  # a live view, redrawn in place
+        from dbfanout.commands.status_watch import watch_live
+
+        rows = watch_live(console, lambda: collect(cfg, poller), interval)
+        if not all(_healthy(r) for r in rows):
+            raise typer.Exit(EXIT_CHECK_FAILED)
+        return
     while True:
         rows = collect(cfg, poller)
         if json_out:

@@ -195,6 +195,8 @@ class MessageView:
     session_id: str | None
     application_properties: Mapping[str, Any]
     body: bytes = field(repr=False)
+    #: The failure record of its last delivery (shared.failures), when the worker left one.
+    failure: Mapping[str, Any] | None = None
 
     @classmethod
     def of(cls, message: ServiceBusReceivedMessage) -> MessageView:
@@ -249,6 +251,7 @@ class MessageView:
             "poller": poller,
             "event_count": count,
             "first_pks": pks,
+            "failure": dict(self.failure) if self.failure is not None else None,
         }
         try:
             doc["body"] = self.body.decode()

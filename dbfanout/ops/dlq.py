@@ -28,18 +28,35 @@ K = TypeVar("K", int, str)
 log = get_logger("cli.dlq")
 
 
-def peek(client: ServiceBusClient, queue: str | Entity, selection: Selection, limit: int | None) -> list[MessageView]:
-    """Dead-lettered messages matching ``selection`` (all when empty), at most ``limit``."""
+def _plain(view: MessageView) -> MessageView:
+    return view
+
+
+def peek(
+    client: ServiceBusClient,
+    queue: str | Entity,
+    selection: Selection,
+    limit: int | None,
+    explain: Callable[[MessageView], MessageView] = _plain,
+) -> list[MessageView]:
+    """Dead-lettered messages matching ``selection`` (all when empty), at most ``limit``; ``explain``
+    adds each one's failure record (dbfanout.ops.failures)."""
     out: list[MessageView] = []
     for view in peek_all(client, queue):
         if selection.empty or selection.matches(view):
-            out.append(view)
+            out.append(explain(view))
             if limit is not None and len(out) >= limit:
                 break
     return out
 
 
-def export(client: ServiceBusClient, queue: str | Entity, out: Path, selection: Selection) -> int:
+def export(
+    client: ServiceBusClient,
+    queue: str | Entity,
+    out: Path,
+    selection: Selection,
+    explain: Callable[[MessageView], MessageView] = _plain,
+) -> int:
     """Write every matching dead-lettered message as one JSON line (bodies and properties); returns the count.
 
     Written to a temporary file first and renamed, so a failed export never leaves half a file.
@@ -49,7 +66,7 @@ def export(client: ServiceBusClient, queue: str | Entity, out: Path, selection: 
     with tmp.open("wb") as fh:
         for view in peek_all(client, queue):
             if selection.empty or selection.matches(view):
-                fh.write(dumps(view.to_json()) + b"\n")
+                fh.write(dumps(explain(view).to_json()) + b"\n")
                 count += 1
     tmp.replace(out)
     return count

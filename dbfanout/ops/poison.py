@@ -115,14 +115,23 @@ class PoisonQueue:
         self._service.close()
 
     # ---- reading -----------------------------------------------------------------------------
-    def peek(self, selection: Selection, limit: int | None, ids_: frozenset[str] = frozenset()) -> list[MessageView]:
-        """The first (at most 32) poison messages matching ``selection``; nothing is changed."""
+    def peek(
+        self,
+        selection: Selection,
+        limit: int | None,
+        ids_: frozenset[str] = frozenset(),
+        explain: Callable[[MessageView], MessageView] = lambda v: v,
+    ) -> list[MessageView]:
+        """The first (at most 32) poison messages matching ``selection``; nothing is changed.
+        ``explain`` adds each one's failure record (dbfanout.ops.failures)."""
         with queue_errors("peek", self.name):
             messages = self.client.peek_messages(max_messages=PEEK_MAX)
         views = [v for v in map(_view, messages) if _matches(selection, ids_, v)]
-        return views[:limit] if limit is not None else views
+        return [explain(v) for v in (views[:limit] if limit is not None else views)]
 
-    def export(self, out: Path, selection: Selection) -> int:
+    def export(
+        self, out: Path, selection: Selection, explain: Callable[[MessageView], MessageView] = lambda v: v
+    ) -> int:
         """Every matching poison message as one JSON line (a scan); written to a temp file, then renamed."""
         tmp = out.with_name(out.name + ".partial")
         count = 0
@@ -131,7 +140,7 @@ class PoisonQueue:
             def write(_: QueueMessage, view: MessageView) -> bool:
                 nonlocal count
                 if _matches(selection, frozenset(), view):
-                    fh.write(dumps(export_line(view, self.name)) + b"\n")
+                    fh.write(dumps(export_line(explain(view), self.name)) + b"\n")
                     count += 1
                 return True  # keep it: an export changes nothing
 

@@ -85,13 +85,14 @@ resource stateContainer 'Microsoft.Storage/storageAccounts/blobServices/containe
   }
 }
 
-@description('Days a claim-check blob (an oversize row, under <stateContainerName>/claims/) is kept. dbfanout never deletes claims: keep them longer than the dead-letter retention you need, or replaying an older message fails on its missing claim.')
+@description('Days a claim-check blob (an oversize row, under <stateContainerName>/claims/) and a failure record (why a dead-lettered message failed, under <stateContainerName>/failures/) are kept. dbfanout never deletes claims: keep them longer than the dead-letter retention you need, or replaying an older message fails on its missing claim.')
 @minValue(1)
 @maxValue(3650)
 param claimRetentionDays int = 30
 
 // Claim-check blobs (oversize_policy = "claim-check") expire here, not in dbfanout: a redelivery,
-// a split single or a DLQ replay may need a claim long after its first message completed.
+// a split single or a DLQ replay may need a claim long after its first message completed. Failure
+// records (why a dead-lettered message failed, shared/failures.py) expire with them.
 resource lifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = {
   parent: storage
   name: 'default'
@@ -116,6 +117,7 @@ resource lifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05
               ]
               prefixMatch: [
                 '${stateContainerName}/claims/'
+                '${stateContainerName}/failures/'
               ]
             }
           }

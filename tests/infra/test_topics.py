@@ -129,7 +129,8 @@ def topic_config(tmp_path: Path, extra: str = "", ledger: str = "", mail: str = 
 def with_invoices_topic(infra: Path, *subscriptions: dict[str, Any], **topic: Any) -> None:
     """The repository's topics plus (or with a new) `invoices-changes` topic with these subscriptions."""
     topics = [*parameter("topics"), {"name": "invoices-changes", **topic, "subscriptions": list(subscriptions)}]
-    edit_parameters(infra, topics=topics)
+    pollers = [*parameter("pollers"), {"name": "invoices", "scheduleSeconds": 5, "kind": "keyset"}]  # its alerts
+    edit_parameters(infra, topics=topics, pollers=pollers)
 
 
 def test_a_topic_poller_with_its_topic_and_subscriptions_passes(

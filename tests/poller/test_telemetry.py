@@ -6,24 +6,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry import metrics as otel_metrics
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from poller.source import SqlSource
 from poller.state_memory import MemoryStateStore
 from poller.tick import run_tick
 from tests.poller.tick_support import RecordingSink, SourceTable, make_poller
-
-_reader = InMemoryMetricReader()
+from tests.support import otel
 
 
 @pytest.fixture(scope="module")
 def reader() -> Iterator[InMemoryMetricReader]:
     # The global provider can be set once per process; dbfanout's instruments were created on the
     # API's proxy meter at import and start recording as soon as a real provider exists.
-    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[_reader]))
-    yield _reader
+    otel.install()
+    yield otel.READER
 
 
 def _points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, object], float]]]:
@@ -45,13 +42,29 @@ def test_a_tick_counts_rows_and_failures_by_stage(reader: InMemoryMetricReader, 
     table.upsert(range(25))
     poller = make_poller(str(table.engine.url))
     store = MemoryStateStore("orders")
+    # The process's SDK is shared with other tests (the worker's tests also use a poller "orders"):
+    # count what this test adds
+    before = _points(reader)
     # Given one failing send, then a good tick
     with pytest.raises(Exception, match="injected"):
         run_tick(poller, SqlSource(poller), store, RecordingSink(fail_next=1), owner_id="a")
     run_tick(poller, SqlSource(poller), store, RecordingSink(), owner_id="a")
     points = _points(reader)
-    fetched = sum(v for attrs, v in points["dbfanout.rows_fetched"] if attrs == {"poller": "orders"})
+
+    def by(name: str, points: dict[str, list[tuple[dict[str, object], float]]], key: str) -> dict[object, float]:
+        out: dict[object, float] = {}
+        for attrs, v in points.get(name, []):
+            if attrs.get("poller") == "orders" and (key != "stage" or "stage" in attrs):
+                out[attrs.get(key)] = out.get(attrs.get(key), 0.0) + v
+        return out
+
+    fetched = by("dbfanout.rows_fetched", points, "poller").get("orders", 0) - by(
+        "dbfanout.rows_fetched", before, "poller"
+    ).get("orders", 0)
     assert fetched >= 10 + 25  # the failed tick's first page, then every row
-    failures = {attrs["stage"]: v for attrs, v in points["dbfanout.failures"] if attrs.get("poller") == "orders"}
-    assert failures == {"send": 1}
+    failures = {
+        stage: v - by("dbfanout.failures", before, "stage").get(stage, 0.0)
+        for stage, v in by("dbfanout.failures", points, "stage").items()
+    }
+    assert {stage: v for stage, v in failures.items() if v} == {"send": 1}
     assert "dbfanout.last_success_timestamp" in points

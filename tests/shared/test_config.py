@@ -135,3 +135,9 @@ def test_max_delivery_count_defaults_to_the_transports_own() -> None:
     queue = parse_config(_data(transport="storage-queue"), settings).poller("orders")
     assert queue.deliveries == 5  # host.json maxDequeueCount
     assert parse_config(_data(max_delivery_count=3), settings).poller("orders").deliveries == 3
+
+
+def test_cursor_is_commit_time_is_off_unless_declared() -> None:
+    settings = {"ORDERS_DB_URL": "sqlite://"}
+    assert parse_config(_data(), settings).poller("orders").cursor_is_commit_time is False
+    assert parse_config(_data(cursor_is_commit_time=True), settings).poller("orders").cursor_is_commit_time is True

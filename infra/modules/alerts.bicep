@@ -1,0 +1,413 @@
+// Alerts and a dashboard for every poller, queue and subscription, from dbfanout's own metrics in
+// Application Insights (customMetrics, shared/telemetry.py) and Service Bus's platform metrics:
+//
+// - stall: no successful tick of a poller for stallIntervals schedule intervals (or no report at
+//   all): dbfanout.last_success_timestamp;
+// - lag: a poller's dbfanout.lag above its threshold;
+// - retained WAL: a pg_logical poller's slot holds more than retainedWalThresholdBytes;
+// - dead letters: a queue's or topic's DeadletteredMessages > 0 (Service Bus metric, independent of
+//   the app's telemetry), and per subscription / storage queue dbfanout.events.dead_lettered > 0;
+// - a workbook: lag, throughput, commit -> handler latency, failures and dead letters per poller.
+//
+// Everything goes to one action group whose email address and webhook are parameters.
+
+@description('Resource id of the Application Insights component the app exports to.')
+param applicationInsightsId string
+
+@description('Name of the Service Bus namespace (its queues and topics get dead-letter alerts).')
+param serviceBusNamespaceName string
+
+@description('Azure region of the log alert rules and the workbook.')
+param location string
+
+@description('Tags for every resource.')
+param tags object = {}
+
+@description('One entry per poller of dbfanout.toml: {name, scheduleSeconds (its schedule interval), kind (keyset, outbox or pg_logical), lagThresholdSeconds?}.')
+param pollers array
+
+@description('Service Bus queue names (the queues parameter).')
+param queueNames array
+
+@description('Service Bus topic names (the topics parameter); their subscriptions are alerted on one by one.')
+param topicNames array = []
+
+@description('Storage queue names of storage-queue pollers.')
+param storageQueueNames array = []
+
+@description('Name of the action group.')
+param actionGroupName string
+
+@description('Email address alerts go to; empty for none.')
+param alertEmail string = ''
+
+@description('Webhook (https) alerts are posted to (common alert schema); empty for none.')
+param alertWebhookUri string = ''
+
+@description('A poller stalls after this many schedule intervals without a successful tick.')
+@minValue(2)
+@maxValue(100)
+param stallIntervals int = 5
+
+@description('Default lag threshold in seconds (a poller may set lagThresholdSeconds).')
+@minValue(1)
+param lagThresholdSeconds int = 300
+
+@description('Retained WAL (bytes) above which a pg_logical poller alerts.')
+@minValue(1048576)
+param retainedWalThresholdBytes int = 1073741824
+
+var emailReceivers = empty(alertEmail) ? [] : [
+  {
+    name: 'dbfanout-email'
+    emailAddress: alertEmail
+    useCommonAlertSchema: true
+  }
+]
+var webhookReceivers = empty(alertWebhookUri) ? [] : [
+  {
+    name: 'dbfanout-webhook'
+    serviceUri: alertWebhookUri
+    useCommonAlertSchema: true
+  }
+]
+
+resource actionGroup 'Microsoft.Insights/actionGroups@2023-01-01' = {
+  name: actionGroupName
+  location: 'global'
+  tags: tags
+  properties: {
+    groupShortName: 'dbfanout'
+    enabled: true
+    emailReceivers: emailReceivers
+    webhookReceivers: webhookReceivers
+  }
+}
+
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
+  name: serviceBusNamespaceName
+}
+
+// A poller stalls: its last successful tick is older than stallIntervals schedule intervals, or it
+// never reported one in the last day (the union row keeps the query answering when nothing came).
+resource stallAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for p in pollers: {
+  name: 'dbfanout-stall-${p.name}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'dbfanout poller ${p.name} stalled'
+    description: 'No successful tick of poller ${p.name} for ${stallIntervals} schedule intervals (${stallIntervals * p.scheduleSeconds} s). Check dbfanout status ${p.name} and the poll_${p.name} function logs.'
+    severity: 1
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'P1D'
+    criteria: {
+      allOf: [
+        {
+          query: format('customMetrics | where name == "dbfanout.last_success_timestamp" and tostring(customDimensions.poller) == "{0}" | summarize last = max(value) | union (print last = real(null)) | summarize last = max(last) | where isnull(last) or last < datetime_diff("second", now(), datetime(1970-01-01)) - {1}', p.name, stallIntervals * p.scheduleSeconds)
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: true
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}]
+
+// A poller falls behind: the age of the newest row it sent (dbfanout.lag) above the threshold.
+resource lagAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for p in pollers: {
+  name: 'dbfanout-lag-${p.name}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'dbfanout poller ${p.name} lagging'
+    description: 'Poller ${p.name} is more than ${contains(p, 'lagThresholdSeconds') ? p.lagThresholdSeconds : lagThresholdSeconds} s behind its source. Raise batch_size / max_batches_per_tick or look for a slow source or queue.'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT15M'
+    criteria: {
+      allOf: [
+        {
+          query: format('customMetrics | where name == "dbfanout.lag" and tostring(customDimensions.poller) == "{0}" | summarize lag = max(valueMax) | where lag > {1}', p.name, contains(p, 'lagThresholdSeconds') ? p.lagThresholdSeconds : lagThresholdSeconds)
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: true
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}]
+
+// A pg_logical poller's replication slot holds WAL back: the primary's disk fills if it goes on.
+resource walAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for p in pollers: if (p.kind == 'pg_logical') {
+  name: 'dbfanout-wal-${p.name}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'dbfanout poller ${p.name} retains WAL'
+    description: 'The replication slot of poller ${p.name} retains more than ${retainedWalThresholdBytes} bytes of WAL. A stalled poller holds the slot back: see the operations guide, Logical replication slots.'
+    severity: 1
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT15M'
+    criteria: {
+      allOf: [
+        {
+          query: format('customMetrics | where name == "dbfanout.pg_logical.retained_wal" and tostring(customDimensions.poller) == "{0}" | summarize wal = max(value) | where wal > {1}', p.name, retainedWalThresholdBytes)
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: true
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}]
+
+// Dead letters in a queue or a topic's subscriptions: the platform metric, so it fires even when
+// the app's telemetry does not arrive.
+resource entityDlqAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = [for entity in concat(queueNames, topicNames): {
+  name: 'dbfanout-dlq-${replace(entity, '/', '-')}'
+  location: 'global'
+  tags: tags
+  properties: {
+    description: 'Messages in the dead-letter queue of ${entity}. See why: dbfanout dlq peek ${entity} (for a topic: TOPIC/SUBSCRIPTION).'
+    severity: 2
+    enabled: true
+    scopes: [
+      serviceBus.id
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    criteria: {
+      'odata.type': 'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriteria'
+      allOf: [
+        {
+          criterionType: 'StaticThresholdCriterion'
+          name: 'dead-lettered'
+          metricNamespace: 'Microsoft.ServiceBus/namespaces'
+          metricName: 'DeadletteredMessages'
+          dimensions: [
+            {
+              name: 'EntityName'
+              operator: 'Include'
+              values: [
+                entity
+              ]
+            }
+          ]
+          operator: 'GreaterThan'
+          threshold: 0
+          timeAggregation: 'Maximum'
+        }
+      ]
+    }
+    autoMitigate: true
+    actions: [
+      {
+        actionGroupId: actionGroup.id
+      }
+    ]
+  }
+}]
+
+// Dead letters per subscription (split by the subscription dimension) and per storage queue (its
+// -poison queue has no platform metric): events the workers counted as dead-lettered.
+resource appDlqAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for entity in concat(topicNames, storageQueueNames): {
+  name: 'dbfanout-deadlettered-${replace(entity, '/', '-')}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'dbfanout events dead-lettered from ${entity}'
+    description: 'Workers dead-lettered events received from ${entity}. See why: dbfanout dlq peek ${entity}/SUBSCRIPTION (a topic) or dbfanout dlq peek ${entity} (a storage queue).'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT15M'
+    criteria: {
+      allOf: [
+        {
+          query: format('customMetrics | where name == "dbfanout.events.dead_lettered" and tostring(customDimensions.queue) == "{0}" | extend subscription = tostring(customDimensions.subscription) | summarize events = sum(valueSum) by subscription | where events > 0', entity)
+          timeAggregation: 'Count'
+          dimensions: [
+            {
+              name: 'subscription'
+              operator: 'Include'
+              values: [
+                '*'
+              ]
+            }
+          ]
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: false
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}]
+
+var workbookContent = {
+  version: 'Notebook/1.0'
+  items: [
+    {
+      type: 1
+      name: 'title'
+      content: {
+        json: '## dbfanout\nPer poller: lag, throughput, commit -> handler latency, failures and dead letters (dbfanout metrics in customMetrics; names in docs/operations.md, section 6). Latency percentiles are over the exporter\'s per-minute aggregates (Azure Monitor keeps a histogram as count, sum, min and max): p50 of the per-minute means, p99 of the per-minute maxima.'
+      }
+    }
+    {
+      type: 3
+      name: 'last-success'
+      content: {
+        version: 'KqlItem/1.0'
+        title: 'Last successful tick per poller'
+        query: 'customMetrics | where name == "dbfanout.last_success_timestamp" | summarize last = max(value) by poller = tostring(customDimensions.poller) | extend last_success = unixtime_seconds_todatetime(last), age_seconds = datetime_diff("second", now(), unixtime_seconds_todatetime(last)) | project poller, last_success, age_seconds | order by age_seconds desc'
+        size: 1
+        queryType: 0
+        resourceType: 'microsoft.insights/components'
+        visualization: 'table'
+      }
+    }
+    {
+      type: 3
+      name: 'lag'
+      content: {
+        version: 'KqlItem/1.0'
+        title: 'Lag (seconds) per poller'
+        query: 'customMetrics | where name == "dbfanout.lag" | summarize lag = max(valueMax) by bin(timestamp, 5m), poller = tostring(customDimensions.poller) | render timechart'
+        size: 0
+        queryType: 0
+        resourceType: 'microsoft.insights/components'
+        visualization: 'timechart'
+      }
+    }
+    {
+      type: 3
+      name: 'throughput'
+      content: {
+        version: 'KqlItem/1.0'
+        title: 'Events handled per minute, per poller'
+        query: 'customMetrics | where name == "dbfanout.events_handled" | summarize events = sum(valueSum) by bin(timestamp, 1m), poller = tostring(customDimensions.poller) | render timechart'
+        size: 0
+        queryType: 0
+        resourceType: 'microsoft.insights/components'
+        visualization: 'timechart'
+      }
+    }
+    {
+      type: 3
+      name: 'latency'
+      content: {
+        version: 'KqlItem/1.0'
+        title: 'Commit -> handler latency (seconds): p50 and p99 per poller'
+        query: 'customMetrics | where name == "dbfanout.commit_to_handler" and valueCount > 0 | extend poller = tostring(customDimensions.poller), mean = valueSum / valueCount | summarize p50 = percentile(mean, 50), p99 = percentile(valueMax, 99) by bin(timestamp, 5m), poller | render timechart'
+        size: 0
+        queryType: 0
+        resourceType: 'microsoft.insights/components'
+        visualization: 'timechart'
+      }
+    }
+    {
+      type: 3
+      name: 'failures'
+      content: {
+        version: 'KqlItem/1.0'
+        title: 'Failures per poller: failed deliveries, and poller failures by stage'
+        query: 'customMetrics | where name in ("dbfanout.deliveries.failed", "dbfanout.failures") | extend poller = tostring(customDimensions.poller), what = iff(name == "dbfanout.failures", strcat("tick:", tostring(customDimensions.stage)), "delivery") | summarize failures = sum(valueSum) by bin(timestamp, 5m), series = strcat(poller, " ", what) | render timechart'
+        size: 0
+        queryType: 0
+        resourceType: 'microsoft.insights/components'
+        visualization: 'timechart'
+      }
+    }
+    {
+      type: 3
+      name: 'dead-letters'
+      content: {
+        version: 'KqlItem/1.0'
+        title: 'Dead-lettered events per poller, queue and subscription (why: dbfanout dlq peek ENTITY)'
+        query: 'customMetrics | where name == "dbfanout.events.dead_lettered" | summarize events = sum(valueSum) by poller = tostring(customDimensions.poller), queue = tostring(customDimensions.queue), subscription = tostring(customDimensions.subscription) | order by events desc'
+        size: 1
+        queryType: 0
+        resourceType: 'microsoft.insights/components'
+        visualization: 'table'
+      }
+    }
+  ]
+  fallbackResourceIds: [
+    applicationInsightsId
+  ]
+}
+
+resource workbook 'Microsoft.Insights/workbooks@2022-04-01' = {
+  name: guid(resourceGroup().id, applicationInsightsId, 'dbfanout-workbook')
+  location: location
+  tags: tags
+  kind: 'shared'
+  properties: {
+    displayName: 'dbfanout pipeline'
+    category: 'workbook'
+    sourceId: applicationInsightsId
+    serializedData: string(workbookContent)
+  }
+}
+
+output actionGroupId string = actionGroup.id
+output workbookId string = workbook.id
