@@ -9,8 +9,8 @@
    ``dbfanout validate`` on a SQLite config, ``dbfanout emulator servicebus --help``.
 
 Each runs on Python 3.11 and 3.13. pip's cache is reused (nothing is downloaded twice on one
-machine). Each environment is made once per test session. Without the package registry (and nothing cached), the tests skip and say
-so; a Python this machine does not have skips with its name.
+machine). Each environment is made once per test session. Without the package registry (and
+nothing cached), the tests skip and say so; a Python this machine does not have skips with its name.
 """
 
 from __future__ import annotations
