@@ -150,25 +150,28 @@ def test_a_failed_delivery_span_records_the_scrubbed_exception() -> None:
     assert "HandlerError" in texts and "AccountKey=***" in texts and SECRET not in texts
 
 
+AGO_30S = object()  # a time 30 s before the test runs
+
+
 @pytest.mark.parametrize(
     ("kind", "changes", "event_changes", "label"),
     [
         (
             "pg_logical",
             {"kind": "pg_logical"},
-            {"committed_at": dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30)},
+            {"committed_at": AGO_30S},
             "pg_commit",
         ),
         (
             "outbox",
             {"kind": "outbox"},
-            {"committed_at": dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30)},
+            {"committed_at": AGO_30S},
             "outbox_created",
         ),
         (
             "cursor",
             {"cursor_is_commit_time": True},
-            {"cursor": dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30)},
+            {"cursor": AGO_30S},
             "cursor",
         ),
         ("read", {}, {}, "read"),
@@ -178,6 +181,10 @@ def test_commit_to_handler_gets_one_observation_per_event_from_the_best_known_co
     kind: str, changes: dict[str, object], event_changes: dict[str, Any], label: str
 ) -> None:
     # Given a 5-event message whose commit time comes from the source, the cursor or the send
+    # (30 s ago, taken now: parametrize values are built when the suite is collected)
+    event_changes = {
+        k: dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30) if v is AGO_30S else v for k, v in event_changes.items()
+    }
     poller = _poller_name()
     (message,) = _send(poller, _batch(poller, 5, **event_changes))
     # When the worker handles it
