@@ -209,7 +209,9 @@ class OutboxSource:
             position=row.position,
             values=_payload(values["payload"], outbox_id, self._config.table),
             deleted=is_delete(change),
-            event=EventFields(pk={"aggregate": values["aggregate"]}, cursor=outbox_id, change=change),
+            event=EventFields(
+                pk={"aggregate": values["aggregate"]}, cursor=outbox_id, change=change, table=self._config.table
+            ),
         )
 
     def _prune_statement(self, position: Position, retention: float) -> sa.Delete:

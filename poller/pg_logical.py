@@ -300,6 +300,7 @@ class PgLogicalSource:
             cursor=(c.commit_lsn, c.seq),
             change=c.kind,
             before=before,
+            table=c.relation.qualified,
         )
         # A delete has no new row: no values (the event's after is null; its old image is before).
         return SourceRow(Position(c.commit_lsn, {"seq": c.seq}), dict(c.new or {}), deleted, fields)

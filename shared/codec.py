@@ -487,6 +487,8 @@ def encode_event(event: RowChange) -> dict[str, Any]:
         out["types"] = types
     if event.change is not None:  # optional: absent for cursor polling, so its bodies are unchanged
         out["change"] = event.change
+    if event.table is not None:  # optional: absent for a query poller (and in older messages)
+        out["table"] = event.table
     return out
 
 
@@ -524,6 +526,9 @@ def decode_event(raw: Any, poller: str) -> RowChange:
     change = raw.get("change")
     if change is not None and not isinstance(change, str):
         raise EnvelopeError("event change must be a string when present")
+    table = raw.get("table")
+    if table is not None and not isinstance(table, str):
+        raise EnvelopeError("event table must be a string when present")
     try:
         return RowChange(
             event_id=raw["event_id"],
@@ -534,6 +539,7 @@ def decode_event(raw: Any, poller: str) -> RowChange:
             poller=poller,
             before=None if before is None else _decode_map(before, types.get("before") or {}),
             change=change,
+            table=table,
         )
     except SerializationError as exc:
         raise EnvelopeError(f"event {raw['event_id']}: {exc}") from exc
@@ -571,6 +577,7 @@ _new_event = object.__new__
     _set_before,
     _set_source,
     _set_change,
+    _set_table,
 ) = (getattr(RowChange, name).__set__ for name in RowChange.__slots__)
 
 
@@ -595,6 +602,7 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
             append(decode_event(raw, poller))
             continue
         after, before, change, types = raw.get("after"), raw.get("before"), raw.get("change"), raw.get("types")
+        table = raw.get("table")
         if (
             op not in ops
             or type(event_id) is not str_
@@ -602,6 +610,7 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
             or (after is not None and type(after) is not dict_)
             or (before is not None and type(before) is not dict_)
             or (change is not None and type(change) is not str_)
+            or (table is not None and type(table) is not str_)
         ):
             append(decode_event(raw, poller))  # raises the precise error
             continue
@@ -630,6 +639,7 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
         _set_before(event, before)
         _set_source(event, {})
         _set_change(event, change)
+        _set_table(event, table)
         append(event)
     return tuple(out)
 

@@ -122,7 +122,11 @@ class RowChange:
     ``before`` is always None for cursor polling (the previous state is not known).
     ``change`` is the precise change when the source knows it (``op`` stays the coarse
     ``upsert``/``delete``): the outbox row's ``type`` for an outbox source, ``insert``/``update``/
-    ``delete`` for a change-log source; None for cursor polling.
+    ``delete`` for a change-log source, ``read`` for a row a snapshot read (``op`` upsert); None
+    for cursor polling.
+    ``table`` is the table the row came from, schema-qualified where the source knows the schema
+    (``public.orders`` from pg_logical; as configured for a keyset poller on a table; the outbox
+    table for an outbox row); None for a ``query`` poller and in messages written before it existed.
     """
 
     event_id: str
@@ -134,6 +138,7 @@ class RowChange:
     before: Mapping[str, Any] | None = None
     source: Mapping[str, Any] = field(default_factory=dict)
     change: str | None = None
+    table: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

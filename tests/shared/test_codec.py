@@ -139,6 +139,26 @@ def test_the_optional_change_field_round_trips_and_is_absent_when_unset(change: 
     assert codec.decode_batch(body).events[0].change == change
 
 
+@pytest.mark.parametrize("table", [None, "public.orders"])
+def test_the_optional_table_field_round_trips_and_is_absent_when_unset(table: str | None) -> None:
+    event = RowChange("ev-1", "delete", {"id": 1}, 1, None, "orders", before={"id": 1}, table=table)
+    body = codec.encode_batch(Batch("orders", "batch-1", "sha256:x", (event,)))
+    raw = codec.loads(body)["events"][0]
+    assert ("table" in raw) is (table is not None) and raw.get("table") == table
+    assert codec.decode_batch(body).events[0].table == table
+    assert codec.decode_event(raw, "orders").table == table
+
+
+def test_a_message_written_before_the_table_field_decodes_with_table_none() -> None:
+    # A body exactly as the previous release wrote it (no "table" key): it still decodes.
+    body = (
+        b'{"schema":"dbfanout.batch/1","poller":"p","batch_id":"b","source_fingerprint":"f","events":'
+        b'[{"event_id":"e","op":"upsert","pk":{"id":1},"cursor":1,"after":{"id":1},"before":null,"change":"insert"}]}'
+    )
+    (event,) = codec.decode_batch(body).events
+    assert event.table is None and event.change == "insert" and event.event_id == "e"
+
+
 @pytest.mark.parametrize(
     ("body", "why"),
     [
@@ -158,6 +178,11 @@ def test_the_optional_change_field_round_trips_and_is_absent_when_unset(change: 
             b'"events": [{"event_id": "e", "op": "upsert", "pk": {}, "cursor": 1, "change": 7}]}',
             "change must be a string",
         ),
+        (
+            b'{"schema": "dbfanout.batch/1", "poller": "p", "batch_id": "b", "source_fingerprint": "f", '
+            b'"events": [{"event_id": "e", "op": "upsert", "pk": {}, "cursor": 1, "table": ["x"]}]}',
+            "table must be a string",
+        ),
     ],
 )
 def test_foreign_or_malformed_bodies_are_envelope_errors(body: bytes, why: str) -> None:
@@ -175,7 +200,8 @@ events_strategy = st.lists(
         after=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), st.one_of(scalars, st.none()), max_size=4)),
         poller=st.just("orders"),
         before=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), scalars, max_size=3)),
-        change=st.one_of(st.none(), st.sampled_from(["insert", "order.shipped"])),
+        change=st.one_of(st.none(), st.sampled_from(["insert", "order.shipped", "read"])),
+        table=st.one_of(st.none(), st.sampled_from(["public.orders", 'odd."schema".t'])),
     ),
     min_size=1,
     max_size=6,
@@ -196,6 +222,7 @@ def test_decoding_a_batch_at_once_equals_decoding_each_event(events: list[RowCha
         assert _same(event.cursor, again.cursor) and again.event_id == event.event_id and again.op == event.op
         assert all(_same(v, again.pk[k]) for k, v in event.pk.items())
         assert (again.after is None) is (event.after is None) and again.change == event.change
+        assert again.table == event.table
 
 
 GOOD = {"event_id": "e", "op": "upsert", "pk": {"id": 1}, "cursor": 1}
@@ -213,6 +240,7 @@ GOOD = {"event_id": "e", "op": "upsert", "pk": {"id": 1}, "cursor": 1}
         {**GOOD, "after": [1]},
         {**GOOD, "before": "x"},
         {**GOOD, "change": 7},
+        {**GOOD, "table": 7},
         {**GOOD, "types": {"cursor": "nope"}},
         {**GOOD, "types": {"pk": {"id": "timestamp"}}},
         {**GOOD, "cursor": [1], "types": {"cursor": ["int", "int"]}},
