@@ -32,6 +32,7 @@ from shared.models import (
     Lsn,
     Position,
     RowChange,
+    SnapshotState,
     StateDoc,
 )
 
@@ -373,19 +374,75 @@ def decode_position(raw: Any) -> Position | None:
         raise StateFormatError(f"checkpoint.cursor cannot be decoded: {exc}") from exc
 
 
+def encode_snapshot(state: SnapshotState) -> dict[str, Any]:
+    """A snapshot's state as the blob keeps it (``checkpoint.snapshot``, beside the cursor)."""
+    out: dict[str, Any] = {
+        "id": state.id,
+        "tables": list(state.tables),
+        "chunk_size": state.chunk_size,
+        "where": state.where,
+        "last_key": None,
+        "rows": state.rows,
+        "chunks": state.chunks,
+        "estimate": state.estimate,
+        "started_at": _ts(state.started_at),
+        "finished_at": _ts(state.finished_at),
+        "cancelled": state.cancelled,
+    }
+    if state.last_key is not None:
+        out["last_key"], tags = _encode_map(state.last_key)
+        if tags:
+            out["types"] = {"last_key": tags}
+    return out
+
+
+def decode_snapshot(raw: Any) -> SnapshotState | None:
+    """Inverse of :func:`encode_snapshot` (None when the blob has no snapshot: older blobs)."""
+    if raw is None:
+        return None
+    try:
+        tables, last_key = raw["tables"], raw.get("last_key")
+        if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+            raise StateFormatError("checkpoint.snapshot.tables must be a list of table names")
+        for name in ("chunk_size", "rows", "chunks"):
+            if not isinstance(raw.get(name, 0), int):
+                raise StateFormatError(f"checkpoint.snapshot.{name} must be an integer")
+        tags = (raw.get("types") or {}).get("last_key") or {}
+        return SnapshotState(
+            id=str(raw["id"]),
+            tables=tuple(tables),
+            chunk_size=raw["chunk_size"],
+            where=raw.get("where"),
+            last_key=None if last_key is None else _decode_map(last_key, tags),
+            rows=raw.get("rows", 0),
+            chunks=raw.get("chunks", 0),
+            estimate=raw.get("estimate"),
+            started_at=_parse_ts(raw.get("started_at"), "checkpoint.snapshot.started_at"),
+            finished_at=_parse_ts(raw.get("finished_at"), "checkpoint.snapshot.finished_at"),
+            cancelled=bool(raw.get("cancelled", False)),
+        )
+    except (KeyError, TypeError, AttributeError, SerializationError) as exc:
+        if isinstance(exc, StateFormatError):
+            raise
+        raise StateFormatError(f"checkpoint.snapshot cannot be decoded: {exc!r}") from exc
+
+
 def encode_state(doc: StateDoc) -> bytes:
     cp, lease = doc.checkpoint, doc.lease
+    checkpoint: dict[str, Any] = {
+        "cursor": encode_position(cp.position),
+        "last_successful_batch_id": cp.last_successful_batch_id,
+        "updated_at": _ts(cp.updated_at),
+        "metadata": dict(cp.metadata),
+    }
+    if cp.position is not None and cp.position.snapshot is not None:  # absent otherwise: blobs as before
+        checkpoint["snapshot"] = encode_snapshot(cp.position.snapshot)
     return dumps(
         {
             "version": doc.version,
             "poller_name": doc.poller_name,
             "source_fingerprint": doc.source_fingerprint,
-            "checkpoint": {
-                "cursor": encode_position(cp.position),
-                "last_successful_batch_id": cp.last_successful_batch_id,
-                "updated_at": _ts(cp.updated_at),
-                "metadata": dict(cp.metadata),
-            },
+            "checkpoint": checkpoint,
             "lease": {
                 "owner_id": lease.owner_id,
                 "fencing_token": lease.fencing_token,
@@ -419,8 +476,12 @@ def decode_state(data: bytes | str) -> StateDoc:
     try:
         cp_raw = raw["checkpoint"] or {}
         lease_raw = raw["lease"] or {}
+        position = decode_position(cp_raw.get("cursor"))
+        snapshot = decode_snapshot(cp_raw.get("snapshot"))
+        if position is not None and snapshot is not None:
+            position = Position(position.cursor, position.pk, snapshot)
         checkpoint = Checkpoint(
-            position=decode_position(cp_raw.get("cursor")),
+            position=position,
             last_successful_batch_id=cp_raw.get("last_successful_batch_id"),
             updated_at=_parse_ts(cp_raw.get("updated_at"), "checkpoint.updated_at"),
             metadata=dict(cp_raw.get("metadata") or {}),

@@ -27,6 +27,7 @@ def _add_poller(workspace: Workspace, table: LogicalTable, monkeypatch: pytest.M
         workspace.config_path.read_text()
         + f'\n[pollers.changes]\nkind = "pg_logical"\nsource_url = "${{PG_LOGICAL_URL}}"\ntables = ["{table.name}"]\n'
         + f'slot = "{table.config.slot}"\npublication = "{table.config.publication}"\nqueue = "{workspace.queue}"\n'
+        + f'signal_table = "{table.config.signal_table}"\n'
     )
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shared import codec
 from shared.errors import EnvelopeError, SerializationError, StateFormatError
-from shared.models import Batch, Checkpoint, Lease, Lsn, Position, RowChange, StateDoc
+from shared.models import Batch, Checkpoint, Lease, Lsn, Position, RowChange, SnapshotState, StateDoc
 
 offsets = st.integers(min_value=-14 * 60, max_value=14 * 60).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
 aware = st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30), timezones=offsets)
@@ -129,6 +129,57 @@ def test_an_lsn_checkpoint_is_kind_pg_lsn_with_the_position_as_tiebreaker() -> N
     assert again == doc.checkpoint.position and isinstance(again.cursor, Lsn)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="not an LSN"):
         Lsn.parse("16B374D848")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    last_key=st.one_of(st.none(), st.dictionaries(st.sampled_from(["id", "tenant"]), scalars, min_size=1)),
+    tables=st.lists(st.sampled_from(["public.orders", "s.lines"]), max_size=2),
+    rows=st.integers(0, 10**12),
+    where=st.one_of(st.none(), st.text(max_size=20)),
+    cancelled=st.booleans(),
+)
+def test_a_snapshot_state_round_trips_beside_the_checkpoint_cursor(
+    last_key: dict[str, object] | None, tables: list[str], rows: int, where: str | None, cancelled: bool
+) -> None:
+    at = dt.datetime(2026, 11, 24, 12, 0, 0, 5, tzinfo=dt.UTC)
+    state = SnapshotState(
+        "req-1", tuple(tables), 500, where, last_key, rows, 3, 10**6, at, None if tables else at, cancelled
+    )
+    doc = StateDoc("orders", "sha256:x", Checkpoint(Position(Lsn(2**33 + 7), {"seq": 2}, state)))
+    raw = codec.loads(codec.encode_state(doc))["checkpoint"]
+    # The cursor is written as before (an older dbfanout reads it and ignores "snapshot")
+    assert raw["cursor"]["tiebreaker"] == {"seq": 2} and raw["snapshot"]["id"] == "req-1"
+    again = codec.decode_state(codec.encode_state(doc))
+    assert again == doc
+    assert again.checkpoint.position is not None and again.checkpoint.position.snapshot == state
+
+
+def test_a_blob_written_before_snapshots_loads_with_none() -> None:
+    blob = (
+        b'{"version":1,"poller_name":"p","source_fingerprint":"sha256:x","checkpoint":{"cursor":{"kind":"pg_lsn",'
+        b'"value":"0/1DE8350","tiebreaker":{"seq":3},"types":{"value":"pg_lsn","tiebreaker":{}}},'
+        b'"last_successful_batch_id":"b","updated_at":null,"metadata":{}},"lease":{"owner_id":null,"fencing_token":4}}'
+    )
+    position = codec.decode_state(blob).checkpoint.position
+    assert position is not None and position.snapshot is None and position.pk == {"seq": 3}
+    # and the same document is written byte for byte as before (no "snapshot" key)
+    assert b"snapshot" not in codec.encode_state(codec.decode_state(blob))
+
+
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        {"id": "x"},
+        {"id": "x", "tables": "public.orders", "chunk_size": 5},
+        {"id": "x", "tables": [], "chunk_size": "5"},
+    ],
+)
+def test_a_malformed_snapshot_state_is_a_state_format_error(snapshot: dict[str, object]) -> None:
+    doc = codec.loads(codec.encode_state(StateDoc("p", "sha256:x", Checkpoint(Position(Lsn(5), {"seq": 0})))))
+    doc["checkpoint"]["snapshot"] = snapshot
+    with pytest.raises(StateFormatError, match="snapshot"):
+        codec.decode_state(codec.dumps(doc))
 
 
 @pytest.mark.parametrize("change", [None, "insert", "order.shipped"])
