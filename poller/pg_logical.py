@@ -369,7 +369,17 @@ class PgLogicalSource:
             state = scan.state
             assert state is not None
             self._chunks.check_published()
-            chunk = self._chunks.read(state, scan.position)
+            try:
+                chunk = self._chunks.read(state, scan.position)
+            except (sa.exc.ProgrammingError, sa.exc.DataError) as exc:
+                # The select itself is wrong (a bad --where, a dropped column): stop the snapshot
+                # rather than fail every tick, so the changes keep flowing and a new request can come.
+                problem = str(exc.orig or exc).splitlines()[0]
+                log.error("poller %s: snapshot %s of %s stopped: %s", self._config.name, state.id, state.tables[0],
+                          problem, extra=ids(poller=self._config.name))  # fmt: skip
+                scan.state = replace(state, tables=(), last_key=None, finished_at=dt.datetime.now(dt.UTC),
+                                     error=f"{state.tables[0]}: {problem}")  # fmt: skip
+                return True
             if chunk is None:  # read it on a later fetch
                 log.debug("poller %s: snapshot chunk deferred (a commit not yet visible)", self._config.name)
                 return False

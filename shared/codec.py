@@ -388,6 +388,7 @@ def encode_snapshot(state: SnapshotState) -> dict[str, Any]:
         "started_at": _ts(state.started_at),
         "finished_at": _ts(state.finished_at),
         "cancelled": state.cancelled,
+        "error": state.error,
     }
     if state.last_key is not None:
         out["last_key"], tags = _encode_map(state.last_key)
@@ -420,6 +421,7 @@ def decode_snapshot(raw: Any) -> SnapshotState | None:
             started_at=_parse_ts(raw.get("started_at"), "checkpoint.snapshot.started_at"),
             finished_at=_parse_ts(raw.get("finished_at"), "checkpoint.snapshot.finished_at"),
             cancelled=bool(raw.get("cancelled", False)),
+            error=raw.get("error"),
         )
     except (KeyError, TypeError, AttributeError, SerializationError) as exc:
         if isinstance(exc, StateFormatError):

@@ -84,6 +84,7 @@ class SnapshotState:
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     cancelled: bool = False  # finished by `dbfanout snapshot --cancel`, not by reading every row
+    error: str | None = None  # why it stopped early (its chunk select failed: a bad --where, a dropped table)
 
     @property
     def active(self) -> bool:
