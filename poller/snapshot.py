@@ -317,14 +317,14 @@ class ChunkReader:
             scanned_to=start,
         )
         if rows:  # an empty chunk needs no watermark: nothing waits for it
-            self.watermark(chunk.id)
+            self.watermark(chunk)
         return chunk
 
-    def watermark(self, chunk_id: str) -> None:
+    def watermark(self, chunk: Chunk) -> None:
         """The high watermark: a committed write to the signal table, decoded in the log after it."""
         statement = sa.text(_UPSERT.format(table=quote_table(self._config.signal_table)))
         with self._engine.begin() as conn:
-            conn.execute(statement, {"poller": self._config.name, "kind": KIND_WATERMARK, "id": chunk_id, "data": "{}"})
+            conn.execute(statement, {"poller": self._config.name, "kind": KIND_WATERMARK, "id": chunk.id, "data": "{}"})
 
 
 def signal_of(new: Mapping[str, Any] | None, poller: str) -> tuple[str, str, dict[str, Any]] | None:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from poller.pg_logical import PgLogicalSource
-from poller.snapshot import ChunkReader, request_statement
+from poller.snapshot import Chunk, ChunkReader, request_statement
 from poller.state_memory import MemoryStateStore
 from poller.tick import run_tick
 from shared.codec import decode_state, encode_state
@@ -67,10 +67,10 @@ class WriterBetween(ChunkReader):
         super().__init__(config, engine)
         self.writes, self.chunks = writes, 0
 
-    def watermark(self, chunk_id: str) -> None:
+    def watermark(self, chunk: Chunk) -> None:
         self.writes(self.chunks)
         self.chunks += 1
-        super().watermark(chunk_id)
+        super().watermark(chunk)
 
 
 def _source(config: PollerConfig, writes: Callable[[int], None] | None = None) -> PgLogicalSource:
