@@ -297,14 +297,17 @@ class ChunkReader:
             with conn.begin():
                 if conn.execute(_RACY).scalar():
                     return None
-                fetched = [dict(r) for r in conn.execute(select, params).mappings()]
+                result = conn.execute(select, params)
+                names = tuple(result.keys())[1:]  # the xmin first, then the row's columns
+                fetched = result.fetchall()
         more = len(fetched) > state.chunk_size
-        fetched = fetched[: state.chunk_size]
         rows: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
-        for values in fetched:
-            xmin = int(values.pop(XMIN))
-            rows[tuple(values[p] for p in pk)] = (values, xmin)
-        last = fetched[-1] if fetched else None
+        at = [names.index(p) + 1 for p in pk]
+        values: dict[str, Any] | None = None
+        for row in fetched[: state.chunk_size]:
+            values = dict(zip(names, row[1:], strict=True))
+            rows[tuple(row[i] for i in at)] = (values, int(row[0]))
+        last = values
         chunk = Chunk(
             id=uuid.uuid4().hex,
             state=state,

@@ -266,6 +266,10 @@ def test_random_interleavings_never_yield_a_stale_or_resurrected_row(
         run_tick(config, source, store, sink, owner_id="a")
         run(ops)
     drain(config, source, store, sink, max_ticks=200)
+    # (a change after the end carries the finished state into the checkpoint: when the last chunk
+    # is empty no row does, and every fetch re-reads that empty chunk until one does)
+    logical.sql("INSERT INTO {t} (id, v, n) VALUES (-1, 'end', 0)", "DELETE FROM {t} WHERE id = -1")
+    drain(config, source, store, sink, max_ticks=200)
     # Then the target rebuilt from every event equals the source
     assert rebuild(events_of(sink.accepted)) == source_rows(logical)
     snap = store.load()
