@@ -45,6 +45,7 @@ from poller.snapshot import (
     ChunkReader,
     apply_request,
     initial_state,
+    qualified,
     signal_of,
     signal_sql,
 )
@@ -348,7 +349,7 @@ class PgLogicalSource:
         if self._config.snapshot != "initial":
             return None
         if self._initial is None:  # one per process: a chunk read for it stays valid across fetches
-            tables = [t if "." in t else f"public.{t}" for t in self._config.tables]
+            tables = [qualified(t) for t in self._config.tables]
             self._initial = initial_state(self._config, dt.datetime.now(dt.UTC), self._chunks.estimate(tables))
         return self._initial
 
