@@ -395,16 +395,18 @@ class PgLogicalSource:
         """The chunk's remaining rows as ``read`` events at the high watermark's log position."""
         position = Position(c.commit_lsn, {"seq": c.seq}, state)
         cursor = (c.commit_lsn, c.seq)
-        rows = []
-        for key, (values, xmin) in chunk.rows.items():  # in key order: the select's
-            fields = EventFields(
-                pk=dict(zip(chunk.pk, key, strict=True)),
-                cursor=cursor,
-                change="read",
-                table=chunk.table,
-                version=("read", chunk.table, xmin),  # the row version: a re-read gets the same event id
+        names, table, prefix = chunk.pk, chunk.table, f"read/{chunk.table}/"
+        # Positional arguments: a chunk is thousands of rows, built here one by one. The version
+        # (table and xmin) is what a re-read of the same row version gets the same event id from.
+        rows = [
+            SourceRow(
+                position,
+                values,
+                False,
+                EventFields(dict(zip(names, key, strict=True)), cursor, "read", None, table, prefix + str(xmin)),
             )
-            rows.append(SourceRow(position, values, False, fields))
+            for key, (values, xmin) in chunk.rows.items()  # in key order: the select's
+        ]
         log.info("poller %s: snapshot %s: %d row(s) of %s at %s (%d dropped: changed meanwhile)",
                  self._config.name, chunk.state.id, len(rows), chunk.table, c.commit_lsn, len(chunk.dropped),
                  extra=ids(poller=self._config.name))  # fmt: skip
