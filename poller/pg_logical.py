@@ -254,18 +254,19 @@ class PgLogicalSource:
         buffer: _Buffer | None = None
         to_end = False
         for _ in range(_MAX_ROUNDS):
-            deferred = not self._begin_chunk(scan)
             want = limit - len(scan.rows)
             buffer, start = self._buffered(conn, scan.position, want)
             picked = buffer.changes[start : start + want]
-            emitted, used = self._scan(conn, scan, picked)
+            _, used = self._scan(conn, scan, picked)
             to_end = start + used == len(buffer.changes)
             if len(scan.rows) >= limit:
                 break
-            # A chunk's rows are whole in one page: after them, the next chunk may fill the page up.
-            caught_up = buffer.exhausted and to_end and not emitted
-            if caught_up and (deferred or not self._wants_chunk(scan)):
-                break  # nothing more in the log, and no chunk to start (or one had to wait)
+            # Caught up with the log: a running snapshot reads its next chunk now (the stream's
+            # backlog goes first; a request or a cancel read just now counts already), then the
+            # next round reads on to its watermark. A chunk's rows are whole in one page: after
+            # them, the next chunk may fill the page up.
+            if buffer.exhausted and to_end and not (self._wants_chunk(scan) and self._begin_chunk(scan)):
+                break
         conn.rollback()  # no snapshot held between pages
         if buffer is not None:
             self._hint(buffer, scan, to_end)

@@ -276,3 +276,43 @@ def test_random_interleavings_never_yield_a_stale_or_resurrected_row(
     assert snap is not None and snap.doc.checkpoint.position is not None
     state = snap.doc.checkpoint.position.snapshot
     assert state is not None and not state.active
+
+
+def test_a_cancel_no_change_follows_stops_the_snapshot_and_idle_ticks_write_nothing(logical: LogicalTable) -> None:
+    # Given a requested snapshot that landed one chunk of 10
+    logical.drop_slot()
+    logical.insert(range(40), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot_chunk_size=10, max_batches_per_tick=1, batch_size=10)
+    store, sink, source = MemoryStateStore("p"), RecordingSink(), _source(config)
+    statement, params = request_statement(config)
+    with logical.engine.begin() as conn:
+        conn.execute(statement, params)
+    run_tick(config, source, store, sink, owner_id="a")
+    assert len([e for e in events_of(sink.accepted) if e.change == "read"]) == 10
+
+    def watermark() -> object:
+        with logical.engine.connect() as conn:
+            query = f"SELECT id FROM {config.signal_table} WHERE kind = 'watermark'"
+            return conn.execute(sa.text(query)).scalar()
+
+    # When it is cancelled and nothing changes afterwards (no row carries the cancel into the checkpoint)
+    statement, params = request_statement(config, cancel=True)
+    with logical.engine.begin() as conn:
+        conn.execute(statement, params)
+    before = watermark()
+    for _ in range(3):
+        drain(config, source, store, sink)
+    # Then no more rows are read, idle ticks read no chunk (no watermark written), and the slot
+    # keeps the cancel (it is read again until a checkpoint carries it)
+    assert len([e for e in events_of(sink.accepted) if e.change == "read"]) == 10
+    assert watermark() == before
+    with logical.engine.connect() as conn:
+        slot = conn.execute(
+            sa.text(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots"
+                " WHERE slot_name = :s"
+            ),
+            {"s": config.slot},
+        ).scalar_one()
+    assert slot > 0
