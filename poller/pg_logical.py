@@ -253,6 +253,12 @@ class PgLogicalSource:
         scan = _Scan(self._state_at(after), key, key)
         buffer: _Buffer | None = None
         to_end = False
+        known: _Buffer | None = self._local.buffer if getattr(self._local, "pinning", False) else None
+        read_out = known is not None and known.exhausted and _after(known, key) == len(known.changes)
+        if read_out and self._wants_chunk(scan):
+            # This tick's last peek was read to its end: the next chunk first (its watermark's peek
+            # reads whatever came meanwhile, in order) rather than a peek for nothing new.
+            self._begin_chunk(scan)
         for _ in range(_MAX_ROUNDS):
             want = limit - len(scan.rows)
             buffer, start = self._buffered(conn, scan.position, want)
