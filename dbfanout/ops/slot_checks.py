@@ -9,7 +9,7 @@ Nothing else ever creates them: a tick that finds no slot fails and says so.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
@@ -94,9 +94,15 @@ def _signal_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator
         yield Check(
             cfg.name,
             "signal table",
-            "fail",
+            _needed(cfg),
             f"{cfg.signal_table} does not exist (snapshots need it): run `dbfanout validate --fix`, or: {create}",
         )
+
+
+def _needed(cfg: PollerConfig) -> Literal["fail", "warn"]:
+    """What a missing signal table is: a failure with snapshot = "initial"; else a warning (only
+    `dbfanout snapshot` needs it, and existing pollers stream without it)."""
+    return "fail" if cfg.snapshot == "initial" else "warn"
 
 
 def _publication_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator[Check]:
@@ -123,12 +129,14 @@ def _publication_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Ite
         conn.commit()
         yield Check(cfg.name, "publication", "ok", f"{cfg.publication}: added {', '.join(missing)}")
     elif missing:
+        only_signal = missing == [cfg.signal_table]
         yield Check(
             cfg.name,
             "publication",
-            "fail",
-            f"{cfg.publication} does not publish {', '.join(missing)}: "
-            f"ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)} (or --fix)",
+            _needed(cfg) if only_signal else "fail",
+            f"{cfg.publication} does not publish {', '.join(missing)}"
+            + (" (snapshots need it)" if only_signal else "")
+            + f": ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)} (or --fix)",
         )
     else:
         yield Check(cfg.name, "publication", "ok", f"{cfg.publication} publishes {', '.join(cfg.tables)}")

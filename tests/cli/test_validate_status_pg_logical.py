@@ -160,3 +160,24 @@ def test_snapshot_refuses_a_bad_condition_an_unknown_table_and_a_keyset_poller(
     assert workspace.run("snapshot", "changes", "--table", "public.elsewhere").exit_code == 2
     assert workspace.run("snapshot", "orders").exit_code == 2  # a keyset poller
     assert workspace.run("snapshot", "changes", "--cancel").exit_code == 0
+
+
+def test_a_poller_set_up_before_snapshots_validates_with_warnings_and_fix_adds_the_signal_table(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a publication and a slot made as before snapshots existed (no signal table)
+    _add_poller(workspace, unset_up, monkeypatch)
+    cfg = unset_up.config
+    with unset_up.engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE PUBLICATION {cfg.publication} FOR TABLE {unset_up.name}"))
+    with unset_up.engine.begin() as conn:
+        conn.execute(sa.text(f"SELECT pg_create_logical_replication_slot('{cfg.slot}', 'pgoutput')"))
+    # When validate runs: it still passes (it streams as before), and warns what snapshots need
+    result = workspace.run("validate", "changes", "--json")
+    assert result.exit_code == 0, result.stdout
+    checks = _checks(result.stdout)
+    assert checks["signal table"] == "warn" and checks["publication"] == "warn"
+    # Then --fix creates the signal table and publishes it
+    fixed = _checks(workspace.run("validate", "changes", "--json", "--fix").stdout)
+    assert fixed["signal table"] == "ok" and fixed["publication"] == "ok"
+    assert _checks(workspace.run("validate", "changes", "--json").stdout)["publication"] == "ok"
