@@ -19,6 +19,11 @@ The tick's order keeps the at-least-once contract with no settle window:
 A crash anywhere re-reads from the slot, which may be behind the checkpoint: changes at or
 before the checkpoint are skipped. The slot and the publication are created by
 ``dbfanout validate --fix`` (or :func:`setup_sql`), never at tick time.
+
+Snapshots (``snapshot = "initial"``, ``dbfanout snapshot``) run inside the same fetches: the rows
+that already exist are read in chunks beside the stream, each emitted at its high watermark's log
+position, with DBLog's rule that a key the log changed meanwhile leaves the chunk (see
+:mod:`poller.snapshot`); the snapshot's state rides on every position returned, into the checkpoint.
 """
 
 from __future__ import annotations
