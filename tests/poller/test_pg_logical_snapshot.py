@@ -11,6 +11,7 @@ between the fetches of a tick.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -316,3 +317,45 @@ def test_a_cancel_no_change_follows_stops_the_snapshot_and_idle_ticks_write_noth
             {"s": config.slot},
         ).scalar_one()
     assert slot > 0
+
+
+def test_two_tables_with_the_same_keys_each_keep_their_rows_and_name_their_table(logical: LogicalTable) -> None:
+    # Given two tables keyed 0..29 alike, both published, rows before the slot
+    other = f"{logical.name}_b"
+    logical.drop_slot()
+    logical.sql(f"CREATE TABLE {other} (id INTEGER PRIMARY KEY, v TEXT, n INTEGER)")
+    try:
+        logical.insert(range(30), "a")
+        logical.sql(f"INSERT INTO {other} (id, v, n) SELECT g, 'b', 0 FROM generate_series(0, 29) g")
+        logical.config = poller_config(
+            logical.url, logical.name, tables=[logical.name, other], signal_table=logical.config.signal_table
+        )
+        logical.create_slot()
+        config = replace(logical.config, snapshot="initial", snapshot_chunk_size=10)
+
+        def writes(chunk: int) -> None:
+            # Inside every window: change the *other* table's row with a key of this chunk, and
+            # delete one of this table's: only the latter may leave the chunk
+            logical.sql(f"UPDATE {other} SET v = 'b{chunk}' WHERE id = {chunk % 3 * 10 + 1}")
+            logical.sql(f"DELETE FROM {{t}} WHERE id = {chunk % 3 * 10 + 2}")
+
+        store, sink = MemoryStateStore("p"), RecordingSink()
+        drain(config, _source(config, writes), store, sink)
+        events = events_of(sink.accepted)
+        # Then each table rebuilds to its source, every event naming its table
+        for table in (logical.name, other):
+            mine = [e for e in events if e.table == f"public.{table}"]
+            target: dict[int, Any] = {}
+            for e in mine:
+                if e.op == "delete":
+                    target.pop(e.pk["id"], None)
+                else:
+                    assert e.after is not None
+                    target[e.pk["id"]] = e.after["v"]
+            with logical.engine.connect() as conn:
+                rows = {r.id: r.v for r in conn.execute(sa.text(f"SELECT id, v FROM {table}"))}
+            assert target == rows, table
+        assert {e.table for e in events} == {f"public.{logical.name}", f"public.{other}"}
+    finally:
+        logical.drop_slot()
+        logical.sql(f"DROP TABLE IF EXISTS {other}")
