@@ -22,9 +22,12 @@ def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventI
     if fields is None:  # keyset polling: the pk columns and the cursor column's typed value
         cursor = row.values.get(poller.cursor, row.position.cursor)
         pk = row.position.pk
+        version = cursor
+        table = keyset_table(poller)
     else:
-        cursor, pk = fields.cursor, fields.pk
-    event_id = ids(pk, cursor) if ids is not None else event_id_for(poller.name, fingerprint, pk, cursor)
+        cursor, pk, table = fields.cursor, fields.pk, fields.table
+        version = cursor if fields.version is None else fields.version
+    event_id = ids(pk, version) if ids is not None else event_id_for(poller.name, fingerprint, pk, version)
     return RowChange(
         event_id=event_id,
         op="delete" if row.deleted else "upsert",
@@ -36,8 +39,14 @@ def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventI
         poller=poller.name,
         before=fields.before if fields is not None else None,
         change=fields.change if fields is not None else None,
+        table=table,
         committed_at=fields.committed_at if fields is not None else None,
     )
+
+
+def keyset_table(poller: PollerConfig) -> str | None:
+    """The table a keyset poller's events name: its ``table`` as configured; None for a ``query``."""
+    return poller.table if poller.query is None else None
 
 
 class LazyEvents(Sequence[RowChange]):
@@ -47,14 +56,18 @@ class LazyEvents(Sequence[RowChange]):
     Compares equal to any sequence of the same events (a decoded batch holds a tuple).
     """
 
-    __slots__ = ("_build", "_count", "_encode", "_events")
+    __slots__ = ("_build", "_count", "_encode", "_events", "tables")
 
     def __init__(
         self,
         count: int,
         build: Callable[[], tuple[RowChange, ...]],
         encode: Callable[[], EncodedEvents | None] | None = None,
+        tables: tuple[str, ...] | None = None,
     ) -> None:
+        # The tables the events come from when known without building them (a keyset page's one
+        # table, or none for a query); None: read them from the events.
+        self.tables = tables
         self._count = count
         self._build: Callable[[], tuple[RowChange, ...]] | None = build
         self._encode = encode
@@ -127,19 +140,26 @@ def page_batch(poller: PollerConfig, fingerprint: str, page: Page) -> Batch:
 
     columns, tuples = page.columns, page.tuples
 
+    table = keyset_table(poller)
+
     def encode() -> EncodedEvents | None:
         assert columns is not None and tuples is not None
-        return encode_page(EventIds(poller.name, fingerprint), columns, tuples)
+        return encode_page(EventIds(poller.name, fingerprint), columns, tuples, table)
 
+    keyset = columns is not None
     return Batch(
         poller=poller.name,
         batch_id=_range_id(poller, fingerprint, page),
         source_fingerprint=fingerprint,
-        events=LazyEvents(len(page), build, encode if columns is not None else None),
+        events=LazyEvents(
+            len(page), build, encode if keyset else None, (() if table is None else (table,)) if keyset else None
+        ),
     )
 
 
-def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) -> EncodedEvents | None:
+def encode_page(
+    ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any], table: str | None = None
+) -> EncodedEvents | None:
     """A keyset page's events encoded column by column, without building rows or events.
 
     Exactly what ``encode_event(to_event(...))`` gives for each row of the page
@@ -167,16 +187,18 @@ def encode_page(ids: EventIds, columns: KeysetColumns, tuples: Sequence[Any]) ->
     if columns.soft_delete is not None:
         ops = ["upsert" if f is None or f is False or f == 0 else "delete" for f in by_name[columns.soft_delete]]
     pk_names = columns.pk
-    encoded = _page_json(ids, by_name, cursor, event_cursor, pk_names, ops, distinct)
+    encoded = _page_json(ids, by_name, cursor, event_cursor, pk_names, ops, distinct, table)
     if encoded is not None:
         return encoded
     event_ids = ids.many(
         (dict(zip(pk_names, r, strict=True)) for r in zip(*(by_name[p] for p in pk_names), strict=True)),
         event_cursor,
     )
-    return event_ids, _page_docs(
-        event_ids, by_name, cursor, raw, pk_names, ops if ops is not None else ["upsert"] * len(tuples)
-    )
+    docs = _page_docs(event_ids, by_name, cursor, raw, pk_names, ops if ops is not None else ["upsert"] * len(tuples))
+    if table is not None:  # last, as encode_event writes it
+        for doc in docs:
+            doc["table"] = table
+    return event_ids, docs
 
 
 def _page_docs(
@@ -259,6 +281,7 @@ def _page_json(
     pk_names: tuple[str, ...],
     ops: list[str] | None,
     distinct: Distinct | None = None,
+    table: str | None = None,
 ) -> EncodedEvents | None:
     """Every event's JSON (exactly ``dumps(encode_event(event))``) from one bytes %-template.
 
@@ -301,6 +324,7 @@ def _page_json(
         + b",".join(map(slot, json))
         + b'},"before":null'
         + (b',"types":' + _literal(types) if types else b"")
+        + (b',"table":' + _literal(table) if table is not None else b"")
         + b"}"
     )
     values = [json[p][0] for p in pk_names] + [cursor_json[0]] + [c[0] for c in json.values()]

@@ -227,6 +227,7 @@ class OutboxSource:
                 pk={"aggregate": values["aggregate"]},
                 cursor=outbox_id,
                 change=change,
+                table=self._config.table,
                 committed_at=_created_time(values.get("created_at")),
             ),
         )

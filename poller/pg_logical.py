@@ -19,15 +19,21 @@ The tick's order keeps the at-least-once contract with no settle window:
 A crash anywhere re-reads from the slot, which may be behind the checkpoint: changes at or
 before the checkpoint are skipped. The slot and the publication are created by
 ``dbfanout validate --fix`` (or :func:`setup_sql`), never at tick time.
+
+Snapshots (``snapshot = "initial"``, ``dbfanout snapshot``) run inside the same fetches: the rows
+that already exist are read in chunks beside the stream, each emitted at its high watermark's log
+position, with DBLog's rule that a key the log changed meanwhile leaves the chunk (see
+:mod:`poller.snapshot`); the snapshot's state rides on every position returned, into the checkpoint.
 """
 
 from __future__ import annotations
 
 import bisect
+import datetime as dt
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,11 +41,22 @@ import sqlalchemy as sa
 from poller.engines import db_errors, require_driver, source_engine
 from poller.pgoutput import Change, Decoder, Relation
 from poller.ports import EventFields, Page, SourceRow
+from poller.snapshot import (
+    KIND_REQUEST,
+    KIND_WATERMARK,
+    Chunk,
+    ChunkReader,
+    apply_request,
+    initial_state,
+    qualified,
+    signal_of,
+    signal_sql,
+)
 from shared.config import PollerConfig
 from shared.errors import ConfigError, SourceError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
-from shared.models import Checkpoint, Lsn, Position
+from shared.models import Checkpoint, Lsn, Position, SnapshotState
 from shared.settings import redact_url
 from shared.telemetry import metrics
 
@@ -71,12 +88,19 @@ _MIN_PEEK = 1024  # messages per peek at least
 _MESSAGES_PER_CHANGE = 3  # a change is one message; a one-change transaction adds Begin and Commit
 _PAGES_PER_PEEK = 4  # a peek decodes about this many pages (a tick's next pages come from its buffer)
 _STREAM_ROWS = 1000  # messages fetched per round trip while streaming a peek
+_MAX_ROUNDS = 16  # peeks one fetch may take to fill its page (signals and watermarks are not rows)
+_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
 
 def setup_sql(config: PollerConfig) -> list[str]:
-    """The statements that create the publication, then the slot (that order: see the docs)."""
-    tables = ", ".join(_quote_table(t) for t in config.tables)
+    """The statements that create the signal table, the publication, then the slot (that order: see the docs).
+
+    The publication holds the poller's tables and the snapshot signal table (poller.snapshot):
+    a snapshot's watermarks and requests reach the poller through the slot.
+    """
+    tables = ", ".join(_quote_table(t) for t in (*config.tables, config.signal_table))
     return [
+        *signal_sql(config),
         f"CREATE PUBLICATION {config.publication} FOR TABLE {tables} WITH (publish = 'insert, update, delete')",
         f"SELECT pg_create_logical_replication_slot('{config.slot}', 'pgoutput')",
     ]
@@ -95,6 +119,20 @@ class _Buffer:
     exhausted: bool  # the peek reached the end of the log
     flushed: Lsn  # the log's flush position before that peek
     messages: int  # how many the peek read (a re-peek reads past them again)
+
+
+@dataclass(slots=True)
+class _Scan:
+    """One fetch's walk along the log: the rows so far and the snapshot state they carry."""
+
+    state: SnapshotState | None
+    after: tuple[int, int] | None
+    position: tuple[int, int] | None  # the last change read (rows or not)
+    rows: list[SourceRow] = field(default_factory=list)
+    last: Change | None = None
+    # The commit LSN of a change that moved the snapshot state with no row after it to carry the
+    # new state into the checkpoint: the slot must not pass it (the next tick reads it again).
+    cap: Lsn | None = None
 
 
 class PgLogicalSource:
@@ -129,6 +167,11 @@ class PgLogicalSource:
             }
         )
         self._pks: dict[int, tuple[str, ...]] = {}
+        self._signal = config.signal_table
+        self._chunks = ChunkReader(config, self._engine)
+        self._chunk: Chunk | None = None  # the chunk waiting for its high watermark (ticks are serial)
+        self._initial: SnapshotState | None = None
+        self._estimates: dict[str, int | None] = {}
         self._checked = False
         self._local = threading.local()  # pinned connection and this tick's buffer, per thread
         self._warned: set[str] = set()
@@ -141,7 +184,7 @@ class PgLogicalSource:
 
     def fetch(self, after: Position | None, limit: int) -> Page:
         with self._connection("fetch") as conn:
-            return Page(self._fetch(conn, _key(after), limit))
+            return Page(self._fetch(conn, after, limit))
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
@@ -215,8 +258,40 @@ class PgLogicalSource:
 
     # ------------------------------------------------------------------------------ reading
 
-    def _fetch(self, conn: sa.Connection, after: tuple[int, int] | None, limit: int) -> list[SourceRow]:
+    def _fetch(self, conn: sa.Connection, after: Position | None, limit: int) -> list[SourceRow]:
+        """The changes after ``after``, and the rows of any snapshot chunk whose window closes meanwhile."""
         self._check_slot(conn)
+        key = _key(after)
+        scan = _Scan(self._state_at(after), key, key)
+        buffer: _Buffer | None = None
+        to_end = False
+        known: _Buffer | None = self._local.buffer if getattr(self._local, "pinning", False) else None
+        read_out = known is not None and known.exhausted and _after(known, key) == len(known.changes)
+        if read_out and self._wants_chunk(scan):
+            # This tick's last peek was read to its end: the next chunk first (its watermark's peek
+            # reads whatever came meanwhile, in order) rather than a peek for nothing new.
+            self._begin_chunk(scan)
+        for _ in range(_MAX_ROUNDS):
+            want = limit - len(scan.rows)
+            buffer, start = self._buffered(conn, scan.position, want)
+            picked = buffer.changes[start : start + want]
+            _, used = self._scan(conn, scan, picked)
+            to_end = start + used == len(buffer.changes)
+            if len(scan.rows) >= limit:
+                break
+            # Caught up with the log: a running snapshot reads its next chunk now (the stream's
+            # backlog goes first; a request or a cancel read just now counts already), then the
+            # next round reads on to its watermark. A chunk's rows are whole in one page: after
+            # them, the next chunk may fill the page up.
+            if buffer.exhausted and to_end and not (self._wants_chunk(scan) and self._begin_chunk(scan)):
+                break
+        conn.rollback()  # no snapshot held between pages
+        if buffer is not None:
+            self._hint(buffer, scan, to_end)
+        return scan.rows
+
+    def _buffered(self, conn: sa.Connection, after: tuple[int, int] | None, limit: int) -> tuple[_Buffer, int]:
+        """This tick's decoded changes, and where those after ``after`` start in them (peeks as needed)."""
         buffer: _Buffer | None = self._local.buffer if getattr(self._local, "pinning", False) else None
         if buffer is None or len(buffer.changes) - _after(buffer, after) < limit:
             # Not enough decoded: peek again. The slot starts at its confirmed position, which may
@@ -229,29 +304,159 @@ class PgLogicalSource:
                 n *= _PAGES_PER_PEEK
             if getattr(self._local, "pinning", False):
                 self._local.buffer = buffer
-        conn.rollback()  # no snapshot held between pages
-        start = _after(buffer, after)
-        picked = buffer.changes[start : start + limit]
-        self._hint(buffer, after, picked, start + len(picked) == len(buffer.changes))
-        return [self._row(conn, c) for c in picked]
+        return buffer, _after(buffer, after)
 
-    def _hint(self, buffer: _Buffer, after: tuple[int, int] | None, picked: list[Change], to_end: bool) -> None:
+    def _scan(self, conn: sa.Connection, scan: _Scan, picked: list[Change]) -> tuple[bool, int]:
+        """Walk ``picked`` in log order: rows, snapshot requests, a chunk's window and its watermark.
+
+        Returns whether a chunk's rows were emitted (at its high watermark: the walk stops there, so
+        the next chunk starts from it) and how many changes were read.
+        """
+        for used, c in enumerate(picked, 1):
+            chunk = self._chunk
+            if chunk is not None and not chunk.covers(scan.state, scan.position):
+                chunk = self._chunk = None  # read for another state, or the log was not read contiguously
+            scan.last, scan.position = c, c.key
+            if c.relation.qualified == self._signal:
+                if chunk is not None:
+                    chunk.saw(c.key, None, ())
+                signal = signal_of(c.new, self._config.name)
+                if signal is None:
+                    continue
+                kind, signal_id, data = signal
+                if kind == KIND_REQUEST:
+                    self._request(scan, c, signal_id, data)
+                elif kind == KIND_WATERMARK and chunk is not None and chunk.id == signal_id:
+                    # The high watermark: every change the select could have missed is behind us.
+                    state = chunk.advanced(_commit_time(c))
+                    rows = self._chunk_rows(chunk, c, state)
+                    scan.state, self._chunk = state, None
+                    if rows:
+                        scan.rows.extend(rows)
+                        scan.cap = None
+                        return True, used
+                    scan.cap = scan.cap or c.commit_lsn  # every key changed meanwhile: no row carries it
+                continue
+            if chunk is not None:
+                table = c.relation.qualified
+                chunk.saw(c.key, table, self._keys(conn, c) if table == chunk.table else ())
+            scan.rows.append(self._row(conn, c, scan.state))
+            scan.cap = None
+        return False, len(picked)
+
+    def _request(self, scan: _Scan, c: Change, signal_id: str, data: dict[str, Any]) -> None:
+        """A ``dbfanout snapshot`` request read from the log: the snapshot state changes here."""
+        state, warning = apply_request(self._config, scan.state, data, signal_id, _commit_time(c))
+        if warning:
+            self._warn_once(f"request-{signal_id}", "%s", warning)
+        if state == scan.state:
+            return
+        if state is not None and state.active and state.estimate is None:
+            if state.id not in self._estimates:
+                self._estimates[state.id] = self._chunks.estimate(state.tables)
+            state = replace(state, estimate=self._estimates[state.id])
+        log.info("poller %s: snapshot %s %s at %s", self._config.name, signal_id,
+                 "cancelled" if state is not None and state.cancelled else "requested", c.commit_lsn,
+                 extra=ids(poller=self._config.name))  # fmt: skip
+        scan.state, self._chunk = state, None
+        scan.cap = scan.cap or c.commit_lsn
+
+    def _state_at(self, after: Position | None) -> SnapshotState | None:
+        """The snapshot state a fetch starts with: the checkpoint's, or the initial one on a first start."""
+        if after is not None:
+            return after.snapshot
+        if self._config.snapshot != "initial":
+            return None
+        if self._initial is None:  # one per process: a chunk read for it stays valid across fetches
+            tables = [qualified(t) for t in self._config.tables]
+            self._initial = initial_state(self._config, dt.datetime.now(dt.UTC), self._chunks.estimate(tables))
+        return self._initial
+
+    def _wants_chunk(self, scan: _Scan) -> bool:
+        """Whether a snapshot is running with no chunk in flight for where the scan stands."""
+        state = scan.state
+        if state is None or not state.active:
+            return False
+        return self._chunk is None or not self._chunk.covers(state, scan.position)
+
+    def _begin_chunk(self, scan: _Scan) -> bool:
+        """Read the next chunk (and write its high watermark) when a snapshot runs and none is in flight.
+
+        Tables (or their rest) with no row left are passed at once; the scan's state moves on.
+        False when a chunk was due but had to wait (a commit its select could not see yet).
+        """
+        while self._wants_chunk(scan):
+            state = scan.state
+            assert state is not None
+            self._chunks.check_published()
+            try:
+                chunk = self._chunks.read(state, scan.position)
+            except (sa.exc.ProgrammingError, sa.exc.DataError) as exc:
+                # The select itself is wrong (a bad --where, a dropped column): stop the snapshot
+                # rather than fail every tick, so the changes keep flowing and a new request can come.
+                problem = str(exc.orig or exc).splitlines()[0]
+                log.error("poller %s: snapshot %s of %s stopped: %s", self._config.name, state.id, state.tables[0],
+                          problem, extra=ids(poller=self._config.name))  # fmt: skip
+                scan.state = replace(state, tables=(), last_key=None, finished_at=dt.datetime.now(dt.UTC),
+                                     error=f"{state.tables[0]}: {problem}")  # fmt: skip
+                return True
+            if chunk is None:  # read it on a later fetch
+                log.debug("poller %s: snapshot chunk deferred (a commit not yet visible)", self._config.name)
+                return False
+            if chunk.rows:
+                self._chunk = chunk
+                self._local.buffer = None  # the next peek must read past the watermark just written
+                return True
+            scan.state = chunk.advanced(dt.datetime.now(dt.UTC))
+        return True
+
+    def _chunk_rows(self, chunk: Chunk, c: Change, state: SnapshotState) -> list[SourceRow]:
+        """The chunk's remaining rows as ``read`` events at the high watermark's log position."""
+        position = Position(c.commit_lsn, {"seq": c.seq}, state)
+        cursor = (c.commit_lsn, c.seq)
+        names, table, prefix = chunk.pk, chunk.table, f"read/{chunk.table}/"
+        # Positional arguments: a chunk is thousands of rows, built here one by one. The version
+        # (table and xmin) is what a re-read of the same row version gets the same event id from.
+        rows = [
+            SourceRow(
+                position,
+                values,
+                False,
+                EventFields(dict(zip(names, key, strict=True)), cursor, "read", None, table, prefix + str(xmin)),
+            )
+            for key, (values, xmin) in chunk.rows.items()  # in key order: the select's
+        ]
+        log.info("poller %s: snapshot %s: %d row(s) of %s at %s (%d dropped: changed meanwhile)",
+                 self._config.name, chunk.state.id, len(rows), chunk.table, c.commit_lsn, len(chunk.dropped),
+                 extra=ids(poller=self._config.name))  # fmt: skip
+        return rows
+
+    def _keys(self, conn: sa.Connection, c: Change) -> list[tuple[Any, ...]]:
+        """The primary keys a change touches (an update that changes the key: both)."""
+        pk = self._pk(conn, c.relation)
+        return [tuple(image[p] for p in pk) for image in (c.new, c.old) if image and all(p in image for p in pk)]
+
+    def _hint(self, buffer: _Buffer, scan: _Scan, to_end: bool) -> None:
         """Remember how far the slot may go once the page's last position is a landed checkpoint.
 
         Past the whole transaction when the page ends with its last change; to the log position
-        the peek read to when nothing relevant follows (so an idle slot does not hold WAL back).
+        the peek read to when nothing relevant follows (so an idle slot does not hold WAL back);
+        never past a snapshot request (or a watermark) whose new state no row carried yet.
         """
         hints: dict[tuple[int, int], Lsn] | None = getattr(self._local, "hints", None)
         if hints is None:
             return
-        last = picked[-1] if picked else None
-        key = last.key if last is not None else after
+        key = _key(scan.rows[-1].position) if scan.rows else scan.after
         if key is None:
             return
+        last = scan.last
         target = Lsn(key[0]) if last is None else last.end_lsn if last.last_in_txn else last.commit_lsn
         if buffer.exhausted and to_end and (last is None or last.last_in_txn):
-            target = max(target, buffer.flushed)
-        hints[key] = Lsn(max(target, hints.get(key, 0)))
+            target = Lsn(max(target, buffer.flushed))
+        target = Lsn(max(target, hints.get(key, 0)))
+        if scan.cap is not None:
+            target = Lsn(min(target, scan.cap))
+        hints[key] = target
 
     def _peek(self, conn: sa.Connection, n: int, after: tuple[int, int] | None, keep: int) -> _Buffer:
         """Up to ``n`` messages from the slot's position; the changes after ``after``, decoded.
@@ -284,9 +489,11 @@ class PgLogicalSource:
             self._warn_once(f"truncate-{change.commit_lsn}", "TRUNCATE of %s at %s is not delivered (a truncate "
                             "has no rows; publish 'insert, update, delete')", names, change.commit_lsn)  # fmt: skip
             return False
+        if change.relation.qualified == self._signal:  # ours only: other pollers share the table
+            return signal_of(change.new, self._config.name) is not None
         return _listed(change.relation, self._config.tables)
 
-    def _row(self, conn: sa.Connection, c: Change) -> SourceRow:
+    def _row(self, conn: sa.Connection, c: Change, state: SnapshotState | None) -> SourceRow:
         pk_cols = self._pk(conn, c.relation)
         deleted = c.kind == "delete"
         image = c.old if deleted else c.new
@@ -307,10 +514,11 @@ class PgLogicalSource:
             cursor=(c.commit_lsn, c.seq),
             change=c.kind,
             before=before,
+            table=c.relation.qualified,
             committed_at=c.commit_time,
         )
         # A delete has no new row: no values (the event's after is null; its old image is before).
-        return SourceRow(Position(c.commit_lsn, {"seq": c.seq}), dict(c.new or {}), deleted, fields)
+        return SourceRow(Position(c.commit_lsn, {"seq": c.seq}, state), dict(c.new or {}), deleted, fields)
 
     def _pk(self, conn: sa.Connection, rel: Relation) -> tuple[str, ...]:
         if self._config.pk:
@@ -383,6 +591,10 @@ def _key(position: Position | None) -> tuple[int, int] | None:
             hint="this checkpoint was written by another source kind: `dbfanout checkpoint reset` the poller",
         )
     return (int(position.cursor), seq)
+
+
+def _commit_time(c: Change) -> dt.datetime:
+    return _PG_EPOCH + dt.timedelta(microseconds=c.commit_time_us)
 
 
 def _after(buffer: _Buffer, key: tuple[int, int] | None) -> int:

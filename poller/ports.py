@@ -76,6 +76,10 @@ class EventFields:
     cursor: CursorValue
     change: str | None = None
     before: Mapping[str, Any] | None = None
+    table: str | None = None  # the table the row came from (schema-qualified when known)
+    # What identifies the row version in the event id when the cursor does not (a snapshot row:
+    # its xmin, so a re-read of the same version gets the same id); None: the cursor does.
+    version: Any = None
     committed_at: dt.datetime | None = None  # when the source committed it, if it knows (telemetry)
 
 

@@ -32,6 +32,7 @@ from shared.models import (
     Lsn,
     Position,
     RowChange,
+    SnapshotState,
     StateDoc,
 )
 
@@ -373,19 +374,77 @@ def decode_position(raw: Any) -> Position | None:
         raise StateFormatError(f"checkpoint.cursor cannot be decoded: {exc}") from exc
 
 
+def encode_snapshot(state: SnapshotState) -> dict[str, Any]:
+    """A snapshot's state as the blob keeps it (``checkpoint.snapshot``, beside the cursor)."""
+    out: dict[str, Any] = {
+        "id": state.id,
+        "tables": list(state.tables),
+        "chunk_size": state.chunk_size,
+        "where": state.where,
+        "last_key": None,
+        "rows": state.rows,
+        "chunks": state.chunks,
+        "estimate": state.estimate,
+        "started_at": _ts(state.started_at),
+        "finished_at": _ts(state.finished_at),
+        "cancelled": state.cancelled,
+        "error": state.error,
+    }
+    if state.last_key is not None:
+        out["last_key"], tags = _encode_map(state.last_key)
+        if tags:
+            out["types"] = {"last_key": tags}
+    return out
+
+
+def decode_snapshot(raw: Any) -> SnapshotState | None:
+    """Inverse of :func:`encode_snapshot` (None when the blob has no snapshot: older blobs)."""
+    if raw is None:
+        return None
+    try:
+        tables, last_key = raw["tables"], raw.get("last_key")
+        if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+            raise StateFormatError("checkpoint.snapshot.tables must be a list of table names")
+        for name in ("chunk_size", "rows", "chunks"):
+            if not isinstance(raw.get(name, 0), int):
+                raise StateFormatError(f"checkpoint.snapshot.{name} must be an integer")
+        tags = (raw.get("types") or {}).get("last_key") or {}
+        return SnapshotState(
+            id=str(raw["id"]),
+            tables=tuple(tables),
+            chunk_size=raw["chunk_size"],
+            where=raw.get("where"),
+            last_key=None if last_key is None else _decode_map(last_key, tags),
+            rows=raw.get("rows", 0),
+            chunks=raw.get("chunks", 0),
+            estimate=raw.get("estimate"),
+            started_at=_parse_ts(raw.get("started_at"), "checkpoint.snapshot.started_at"),
+            finished_at=_parse_ts(raw.get("finished_at"), "checkpoint.snapshot.finished_at"),
+            cancelled=bool(raw.get("cancelled", False)),
+            error=raw.get("error"),
+        )
+    except (KeyError, TypeError, AttributeError, SerializationError) as exc:
+        if isinstance(exc, StateFormatError):
+            raise
+        raise StateFormatError(f"checkpoint.snapshot cannot be decoded: {exc!r}") from exc
+
+
 def encode_state(doc: StateDoc) -> bytes:
     cp, lease = doc.checkpoint, doc.lease
+    checkpoint: dict[str, Any] = {
+        "cursor": encode_position(cp.position),
+        "last_successful_batch_id": cp.last_successful_batch_id,
+        "updated_at": _ts(cp.updated_at),
+        "metadata": dict(cp.metadata),
+    }
+    if cp.position is not None and cp.position.snapshot is not None:  # absent otherwise: blobs as before
+        checkpoint["snapshot"] = encode_snapshot(cp.position.snapshot)
     return dumps(
         {
             "version": doc.version,
             "poller_name": doc.poller_name,
             "source_fingerprint": doc.source_fingerprint,
-            "checkpoint": {
-                "cursor": encode_position(cp.position),
-                "last_successful_batch_id": cp.last_successful_batch_id,
-                "updated_at": _ts(cp.updated_at),
-                "metadata": dict(cp.metadata),
-            },
+            "checkpoint": checkpoint,
             "lease": {
                 "owner_id": lease.owner_id,
                 "fencing_token": lease.fencing_token,
@@ -419,8 +478,12 @@ def decode_state(data: bytes | str) -> StateDoc:
     try:
         cp_raw = raw["checkpoint"] or {}
         lease_raw = raw["lease"] or {}
+        position = decode_position(cp_raw.get("cursor"))
+        snapshot = decode_snapshot(cp_raw.get("snapshot"))
+        if position is not None and snapshot is not None:
+            position = Position(position.cursor, position.pk, snapshot)
         checkpoint = Checkpoint(
-            position=decode_position(cp_raw.get("cursor")),
+            position=position,
             last_successful_batch_id=cp_raw.get("last_successful_batch_id"),
             updated_at=_parse_ts(cp_raw.get("updated_at"), "checkpoint.updated_at"),
             metadata=dict(cp_raw.get("metadata") or {}),
@@ -487,6 +550,8 @@ def encode_event(event: RowChange) -> dict[str, Any]:
         out["types"] = types
     if event.change is not None:  # optional: absent for cursor polling, so its bodies are unchanged
         out["change"] = event.change
+    if event.table is not None:  # optional: absent for a query poller (and in older messages)
+        out["table"] = event.table
     if event.committed_at is not None:  # optional: change-log sources' commit time (telemetry)
         out["committed_at"] = _iso(event.committed_at)
     return out
@@ -553,6 +618,9 @@ def decode_event(raw: Any, poller: str) -> RowChange:
     change = raw.get("change")
     if change is not None and not isinstance(change, str):
         raise EnvelopeError("event change must be a string when present")
+    table = raw.get("table")
+    if table is not None and not isinstance(table, str):
+        raise EnvelopeError("event table must be a string when present")
     try:
         return RowChange(
             event_id=raw["event_id"],
@@ -563,6 +631,7 @@ def decode_event(raw: Any, poller: str) -> RowChange:
             poller=poller,
             before=None if before is None else _decode_map(before, types.get("before") or {}),
             change=change,
+            table=table,
             committed_at=_optional_time(raw.get("committed_at")),
         )
     except SerializationError as exc:
@@ -609,6 +678,7 @@ _new_event = object.__new__
     _set_before,
     _set_source,
     _set_change,
+    _set_table,
     _set_committed_at,
 ) = (getattr(RowChange, name).__set__ for name in RowChange.__slots__)
 
@@ -634,6 +704,7 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
             append(decode_event(raw, poller))
             continue
         after, before, change, types = raw.get("after"), raw.get("before"), raw.get("change"), raw.get("types")
+        table = raw.get("table")
         if (
             op not in ops
             or type(event_id) is not str_
@@ -641,6 +712,7 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
             or (after is not None and type(after) is not dict_)
             or (before is not None and type(before) is not dict_)
             or (change is not None and type(change) is not str_)
+            or (table is not None and type(table) is not str_)
         ):
             append(decode_event(raw, poller))  # raises the precise error
             continue
@@ -669,6 +741,7 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
         _set_before(event, before)
         _set_source(event, {})
         _set_change(event, change)
+        _set_table(event, table)
         committed = raw.get("committed_at")
         _set_committed_at(event, None if committed is None else _optional_time(committed))
         append(event)

@@ -44,6 +44,8 @@ SourceKind = Literal["keyset", "outbox", "pg_logical"]
 #: Keys that only mean something to a keyset (table/query) poller.
 _KEYSET_ONLY = ("query", "cursor", "pk", "soft_delete_column", "xid_column", "filter", "null_cursor", "cursor_timezone")
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+_PG_LOGICAL_ONLY = ("tables", "slot", "publication", "snapshot", "snapshot_chunk_size", "signal_table")
+_SIGNAL_TABLE = re.compile(r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,13 @@ class PollerConfig:
     tables: tuple[str, ...] = ()
     slot: str | None = None
     publication: str | None = None
+    # pg_logical snapshots (poller.snapshot): "initial" delivers every existing row once on the first
+    # start (no checkpoint yet) while changes keep flowing; "never" (the default) streams changes only.
+    snapshot: Literal["never", "initial"] = "never"
+    # Rows a snapshot chunk reads (0: batch_size), and the table its watermarks and requests are
+    # written to (it must be in the publication: `dbfanout validate --fix` adds it).
+    snapshot_chunk_size: int = 0
+    signal_table: str = "public.dbfanout_signal"
     # Topic fan-out: ``topic = "orders"`` instead of ``queue``; ``queue`` then holds the same name
     # (the entity the poller sends to) and ``subscriptions`` each name a handler.
     topic: str | None = None
@@ -445,10 +454,25 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         tables=tuple(raw.get("tables", ())),
         slot=raw.get("slot"),
         publication=raw.get("publication"),
+        snapshot=_choice(raw, prefix, "snapshot", "never", ("never", "initial")),
+        snapshot_chunk_size=_int(raw, prefix, "snapshot_chunk_size", 0, 0, 1_000_000),
+        signal_table=_signal_table(raw, prefix),
         topic=topic,
         subscriptions=subscriptions,
         cursor_is_commit_time=bool(raw.get("cursor_is_commit_time", False)),
     )
+
+
+def _signal_table(raw: Mapping[str, Any], prefix: str) -> str:
+    """The snapshot signal table, schema-qualified (it is written into SQL: plain names only)."""
+    value = _str(raw, prefix, "signal_table", "public.dbfanout_signal")
+    if not _SIGNAL_TABLE.match(value):
+        raise ConfigError(
+            f"{prefix}.signal_table",
+            f"must be [schema.]table in lower-case letters, digits and _ (got {value!r})",
+            hint='signal_table = "public.dbfanout_signal"',
+        )
+    return value if "." in value else f"public.{value}"
 
 
 def _entity(raw: Mapping[str, Any], prefix: str) -> tuple[str, str | None]:
@@ -537,8 +561,9 @@ def _kind_defaults(name: str, raw: Mapping[str, Any], prefix: str, kind: str) ->
         raise ConfigError(f"{prefix}.outbox_retention_seconds", 'applies to kind = "outbox" only')
     if kind == "pg_logical":
         raw = _pg_logical_defaults(name, raw, prefix)
-    elif any(k in raw for k in ("tables", "slot", "publication")):
-        raise ConfigError(f"{prefix}.slot", 'tables, slot and publication apply to kind = "pg_logical" only')
+    elif any(k in raw for k in _PG_LOGICAL_ONLY):
+        given = next(k for k in _PG_LOGICAL_ONLY if k in raw)
+        raise ConfigError(f"{prefix}.{given}", f'{", ".join(_PG_LOGICAL_ONLY)} apply to kind = "pg_logical" only')
     return raw
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,6 +22,7 @@ __all__ = [
     "PROP_EVENT_COUNT",
     "PROP_POLLER",
     "PROP_SCHEMA",
+    "PROP_TABLES",
     "OutgoingMessage",
     "PreEncoded",
     "pack_batch",
@@ -33,6 +34,10 @@ PROP_SCHEMA = "dbfanout-schema"
 PROP_POLLER = "dbfanout-poller"
 PROP_EVENT_COUNT = "dbfanout-event-count"
 PROP_BATCH_ID = "dbfanout-batch-id"
+# The tables the message's batch came from, comma-separated and framed by commas
+# (``,public.orders,public.order_lines,``) so a subscription filter matches one exactly:
+# ``[dbfanout-tables] LIKE '%,public.orders,%'``. Absent when no event names a table (a query).
+PROP_TABLES = "dbfanout-tables"
 
 # Room left for AMQP framing, system and application properties inside the entity's limit.
 PROPERTY_ALLOWANCE = 4 * 1024
@@ -110,6 +115,30 @@ def pack_batch(
     returns a small reference event) or raises :class:`OversizeRowError` naming poller and pk.
     The same batch always packs into the same messages with the same ids.
     """
+    messages = _pack(batch, max_message_bytes, oversize, max_events)
+    tables = batch_tables(batch.events)
+    if tables is None or not messages:
+        return messages
+    return [replace(m, application_properties={**m.application_properties, PROP_TABLES: tables}) for m in messages]
+
+
+def batch_tables(events: Sequence[RowChange]) -> str | None:
+    """The :data:`PROP_TABLES` value of a batch's events (None: no event names a table).
+
+    A page's events say which tables they hold without being built when they can (a keyset
+    page's one table); otherwise each event's ``table`` is read.
+    """
+    known = getattr(events, "tables", None)
+    names = sorted(known if known is not None else {e.table for e in events if e.table is not None})
+    return "," + ",".join(names) + "," if names else None
+
+
+def _pack(
+    batch: Batch,
+    max_message_bytes: int,
+    oversize: Callable[[RowChange, int], RowChange] | None,
+    max_events: int | None,
+) -> list[OutgoingMessage]:
     budget = max_message_bytes - PROPERTY_ALLOWANCE
     head = _header(batch)
     event_ids, encoded_events = _encoded_events(batch.events)

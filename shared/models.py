@@ -26,6 +26,7 @@ __all__ = [
     "Op",
     "Position",
     "RowChange",
+    "SnapshotState",
     "StateDoc",
 ]
 
@@ -62,11 +63,44 @@ CursorValue = CursorScalar | tuple[CursorScalar, ...]
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotState:
+    """Where a snapshot of a ``pg_logical`` poller's tables stands (see poller.snapshot).
+
+    It travels with the log position it is valid at (:attr:`Position.snapshot`), so it is written
+    with the checkpoint, by the same CAS: a crash or a lease handover resumes after the last
+    landed chunk. ``tables`` are the tables still to read, the current one first; ``last_key`` is
+    the current table's last primary key already delivered (None: from its start). A finished
+    snapshot keeps its counts (``finished_at`` set, ``tables`` empty) for ``dbfanout status``.
+    """
+
+    id: str
+    tables: tuple[str, ...]
+    chunk_size: int
+    where: str | None = None
+    last_key: Mapping[str, Any] | None = None
+    rows: int = 0
+    chunks: int = 0
+    estimate: int | None = None  # rows the tables held when it started (pg_class.reltuples)
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    cancelled: bool = False  # finished by `dbfanout snapshot --cancel`, not by reading every row
+    error: str | None = None  # why it stopped early (its chunk select failed: a bad --where, a dropped table)
+
+    @property
+    def active(self) -> bool:
+        return self.finished_at is None and bool(self.tables)
+
+
+@dataclass(frozen=True, slots=True)
 class Position:
-    """A point in the keyset order: ``(cursor, pk...)``. Rows strictly after it are pending."""
+    """A point in the keyset order: ``(cursor, pk...)``. Rows strictly after it are pending.
+
+    ``snapshot``: a pg_logical poller's snapshot as of this point of its log (None: none ran).
+    """
 
     cursor: CursorValue
     pk: Mapping[str, Any]
+    snapshot: SnapshotState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +166,12 @@ class RowChange:
         source: reserved for source details; empty today.
         change: the precise change when the source knows it (``op`` stays the coarse
             ``upsert``/``delete``): the outbox row's ``type`` for an outbox source,
-            ``insert``/``update``/``delete`` for a change-log source; None for cursor polling.
+            ``insert``/``update``/``delete`` for a change-log source, ``read`` for a row a snapshot
+            read (``op`` upsert); None for cursor polling.
+        table: the table the row came from, schema-qualified where the source knows the schema
+            (``public.orders`` from pg_logical; as configured for a keyset poller on a table; the
+            outbox table for an outbox row); None for a ``query`` poller and in messages written
+            before it existed.
         committed_at: when the source committed the change, where it knows it (the transaction's
             commit time for pg_logical, the outbox row's ``created_at``, a cursor declared as the
             commit time); None otherwise. Used for the commit-to-handler latency metric.
@@ -147,6 +186,7 @@ class RowChange:
     before: Mapping[str, Any] | None = None
     source: Mapping[str, Any] = field(default_factory=dict)
     change: str | None = None
+    table: str | None = None
     committed_at: dt.datetime | None = field(default=None, compare=False)  # telemetry, not identity
 
 

@@ -55,7 +55,8 @@ class PgDemoSource:
             conn.execute(sa.text(self._ddl.replace("CREATE TABLE orders", f"CREATE TABLE {self.table}", 1)))
             conn.execute(sa.text(f"ALTER TABLE {self.table} REPLICA IDENTITY FULL"))
         config = PollerConfig(name="orders", source_url=self.url, cursor="", pk=(), queue="q", kind="pg_logical",
-                              tables=(self.table,), slot=self.name, publication=self.name)  # fmt: skip
+                              tables=(self.table,), slot=self.name, publication=self.name,
+                              signal_table=f"{self.name}.dbfanout_signal")  # fmt: skip
         for statement in setup_sql(config):  # the slot needs a transaction of its own
             with self._admin.begin() as conn:
                 conn.execute(sa.text(statement))

@@ -1,20 +1,22 @@
 """``dbfanout validate`` for a ``kind = "pg_logical"`` poller: server, publication, slot, WAL held.
 
-With ``--fix`` the publication and the slot are created (publication first: a slot decodes with
-the catalog as of each change, so a publication created after the slot is unknown to the changes
-before it). Nothing else ever creates them: a tick that finds no slot fails and says so.
+With ``--fix`` the snapshot signal table, the publication and the slot are created (publication
+first: a slot decodes with the catalog as of each change, so a publication created after the slot
+is unknown to the changes before it), and a signal table missing from the publication is added.
+Nothing else ever creates them: a tick that finds no slot fails and says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
 from dbfanout.ops.checks import Check
 from poller.engines import make_engine
 from poller.pg_logical import PgLogicalSource, setup_sql
+from poller.snapshot import signal_sql
 from shared.config import PollerConfig
 
 __all__ = ["DEFAULT_RETAINED_WARN_BYTES", "slot_checks"]
@@ -48,6 +50,7 @@ def slot_checks(
                 return
             yield Check(p, "wal_level", "ok", "logical")
             yield from _table_checks(conn, cfg)
+            yield from _signal_check(conn, cfg, fix)
             yield from _publication_check(conn, cfg, fix)
         yield from _slot_check(cfg, fix, retained_warn_bytes)
     except Exception as exc:  # a database error is a failed check, never a crash of validate
@@ -78,10 +81,34 @@ def _table_checks(conn: sa.Connection, cfg: PollerConfig) -> Iterator[Check]:
             )
 
 
+def _signal_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator[Check]:
+    """The snapshot signal table (watermarks and `dbfanout snapshot` requests)."""
+    (create,) = signal_sql(cfg)
+    if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": cfg.signal_table}).scalar() is not None:
+        yield Check(cfg.name, "signal table", "ok", f"{cfg.signal_table} exists")
+    elif fix:
+        conn.execute(sa.text(create))
+        conn.commit()
+        yield Check(cfg.name, "signal table", "ok", f"created: {create}")
+    else:
+        yield Check(
+            cfg.name,
+            "signal table",
+            _needed(cfg),
+            f"{cfg.signal_table} does not exist (snapshots need it): run `dbfanout validate --fix`, or: {create}",
+        )
+
+
+def _needed(cfg: PollerConfig) -> Literal["fail", "warn"]:
+    """What a missing signal table is: a failure with snapshot = "initial"; else a warning (only
+    `dbfanout snapshot` needs it, and existing pollers stream without it)."""
+    return "fail" if cfg.snapshot == "initial" else "warn"
+
+
 def _publication_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator[Check]:
     assert cfg.publication is not None
     exists = conn.execute(sa.text("SELECT 1 FROM pg_publication WHERE pubname = :pub"), {"pub": cfg.publication})
-    create, _ = setup_sql(cfg)
+    create = setup_sql(cfg)[-2]
     if exists.first() is None:
         if not fix:
             yield Check(
@@ -96,18 +123,20 @@ def _publication_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Ite
         yield Check(cfg.name, "publication", "ok", f"created: {create}")
         return
     published = set(conn.execute(_PUBLISHED, {"pub": cfg.publication}).scalars())
-    missing = [t for t in cfg.tables if (t if "." in t else f"public.{t}") not in published]
+    missing = [t for t in (*cfg.tables, cfg.signal_table) if (t if "." in t else f"public.{t}") not in published]
     if missing and fix:
         conn.execute(sa.text(f"ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)}"))
         conn.commit()
         yield Check(cfg.name, "publication", "ok", f"{cfg.publication}: added {', '.join(missing)}")
     elif missing:
+        only_signal = missing == [cfg.signal_table]
         yield Check(
             cfg.name,
             "publication",
-            "fail",
-            f"{cfg.publication} does not publish {', '.join(missing)}: "
-            f"ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)} (or --fix)",
+            _needed(cfg) if only_signal else "fail",
+            f"{cfg.publication} does not publish {', '.join(missing)}"
+            + (" (snapshots need it)" if only_signal else "")
+            + f": ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)} (or --fix)",
         )
     else:
         yield Check(cfg.name, "publication", "ok", f"{cfg.publication} publishes {', '.join(cfg.tables)}")
@@ -117,7 +146,7 @@ def _slot_check(cfg: PollerConfig, fix: bool, warn_bytes: int) -> Iterator[Check
     source = PgLogicalSource(cfg)
     slot = source.slot_status()
     if slot is None:
-        _, create = setup_sql(cfg)
+        create = setup_sql(cfg)[-1]
         if not fix:
             yield Check(
                 cfg.name,

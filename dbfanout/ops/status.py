@@ -29,8 +29,9 @@ from poller.sources import open_source
 from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
 from shared.errors import DbFanoutError, SourceError
+from shared.models import SnapshotState
 
-__all__ = ["PENDING_LIMIT", "poller_status", "queue_depth", "storage_queue_depth", "topic_depth"]
+__all__ = ["PENDING_LIMIT", "poller_status", "queue_depth", "snapshot_progress", "storage_queue_depth", "topic_depth"]
 
 PENDING_LIMIT = 1000  # count pending rows up to this many (one bounded keyset read)
 PEEK_COUNT_LIMIT = 1000
@@ -89,6 +90,8 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
                 "expires_in_seconds": round(expires, 1) if expires is not None and lease.owner_id else None,
             }
             out["fingerprint_match"] = doc.source_fingerprint == source.fingerprint
+            if position is not None and position.snapshot is not None:
+                out["snapshot"] = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
     except Exception as exc:  # storage down: still show the source side
         out["state_error"] = _error(exc)
     try:
@@ -106,6 +109,38 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     except Exception as exc:  # database down: still show the state side
         out["source_error"] = _error(exc)
     return out
+
+
+def snapshot_progress(state: SnapshotState, landed_at: dt.datetime | None) -> dict[str, Any]:
+    """A pg_logical poller's snapshot as of its last landed checkpoint: table, chunks, rows, rate, ETA.
+
+    The rate is rows over the time from its start to that checkpoint; the ETA needs the planner's
+    row estimate taken at the start (None when the tables were never analysed).
+    """
+    status = "cancelled" if state.cancelled else "failed" if state.error else "running" if state.active else "done"
+    end = state.finished_at or landed_at
+    seconds = (end - state.started_at).total_seconds() if end and state.started_at else None
+    rate = state.rows / seconds if seconds and seconds > 0 else None
+    eta = None
+    if state.active and rate and state.estimate is not None:
+        eta = round(max(state.estimate - state.rows, 0) / rate, 1)
+    return {
+        "id": state.id,
+        "status": status,
+        "table": state.tables[0] if state.tables else None,
+        "tables_left": list(state.tables),
+        "last_key": None if state.last_key is None else {k: encode_value(v)[0] for k, v in state.last_key.items()},
+        "where": state.where,
+        "chunk_size": state.chunk_size,
+        "chunks": state.chunks,
+        "rows": state.rows,
+        "estimated_rows": state.estimate,
+        "rows_per_second": round(rate, 1) if rate is not None else None,
+        "eta_seconds": eta,
+        "started_at": state.started_at.isoformat() if state.started_at else None,
+        "finished_at": state.finished_at.isoformat() if state.finished_at else None,
+        "error": state.error,
+    }
 
 
 def _slot_source(source: PgLogicalSource) -> dict[str, Any]:

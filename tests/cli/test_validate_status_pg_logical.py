@@ -27,6 +27,7 @@ def _add_poller(workspace: Workspace, table: LogicalTable, monkeypatch: pytest.M
         workspace.config_path.read_text()
         + f'\n[pollers.changes]\nkind = "pg_logical"\nsource_url = "${{PG_LOGICAL_URL}}"\ntables = ["{table.name}"]\n'
         + f'slot = "{table.config.slot}"\npublication = "{table.config.publication}"\nqueue = "{workspace.queue}"\n'
+        + f'signal_table = "{table.config.signal_table}"\n'
     )
 
 
@@ -117,3 +118,66 @@ def test_checkpoint_export_and_reset_to_an_lsn_position(
 
 def _ids(sink: object) -> list[int]:
     return [e.pk["id"] for b in sink.accepted for e in b.events]  # type: ignore[attr-defined]
+
+
+def test_snapshot_queues_a_snapshot_of_a_live_poller_and_status_shows_its_progress(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given rows that predate the slot, and a streaming poller (validate --fix made the signal table)
+    unset_up.insert(range(12), "old")
+    _add_poller(workspace, unset_up, monkeypatch)
+    fixed = workspace.run("validate", "changes", "--json", "--fix")
+    assert _checks(fixed.stdout)["signal table"] == "ok", fixed.stdout
+    assert workspace.drain("changes").accepted == []  # the slot has nothing: the rows predate it
+    # When the operator asks for a snapshot in chunks of 5
+    queued = workspace.run("snapshot", "changes", "--chunk-size", "5", "--json")
+    assert queued.exit_code == 0, queued.stdout + queued.stderr
+    assert json.loads(queued.stdout)["tables"] == [f"public.{unset_up.name}"]
+    unset_up.insert([100], "new")  # a change after the request carries its state into the checkpoint
+    sink = workspace.drain("changes")
+    # Then every row arrives once as a read (row 100 too: it was there when its chunk was read, after
+    # its insert had been streamed), and the change itself
+    events = [e for b in sink.accepted for e in b.events]
+    assert sorted(e.pk["id"] for e in events if e.change == "read") == [*range(12), 100]
+    assert [(e.change, e.pk["id"]) for e in events if e.change != "read"] == [("insert", 100)]
+    # And status shows the snapshot, finished, with its counts
+    (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+    snap = row["snapshot"]
+    assert (snap["status"], snap["rows"], snap["chunks"], snap["chunk_size"]) == ("done", 13, 3, 5)
+    assert "snapshot done: 13 rows" in workspace.run("status", "changes").stdout
+
+
+def test_snapshot_refuses_a_bad_condition_an_unknown_table_and_a_keyset_poller(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _add_poller(workspace, unset_up, monkeypatch)
+    # Before validate --fix: the signal table is missing, and the command says how to fix it
+    missing = workspace.run("snapshot", "changes")
+    assert missing.exit_code == 1 and "validate --fix" in missing.stdout + missing.stderr
+    assert workspace.run("validate", "changes", "--fix").exit_code == 0
+    bad = workspace.run("snapshot", "changes", "--where", "no_such_column > 1")
+    assert bad.exit_code == 2 and "no_such_column" in bad.stdout + bad.stderr
+    assert workspace.run("snapshot", "changes", "--table", "public.elsewhere").exit_code == 2
+    assert workspace.run("snapshot", "orders").exit_code == 2  # a keyset poller
+    assert workspace.run("snapshot", "changes", "--cancel").exit_code == 0
+
+
+def test_a_poller_set_up_before_snapshots_validates_with_warnings_and_fix_adds_the_signal_table(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a publication and a slot made as before snapshots existed (no signal table)
+    _add_poller(workspace, unset_up, monkeypatch)
+    cfg = unset_up.config
+    with unset_up.engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE PUBLICATION {cfg.publication} FOR TABLE {unset_up.name}"))
+    with unset_up.engine.begin() as conn:
+        conn.execute(sa.text(f"SELECT pg_create_logical_replication_slot('{cfg.slot}', 'pgoutput')"))
+    # When validate runs: it still passes (it streams as before), and warns what snapshots need
+    result = workspace.run("validate", "changes", "--json")
+    assert result.exit_code == 0, result.stdout
+    checks = _checks(result.stdout)
+    assert checks["signal table"] == "warn" and checks["publication"] == "warn"
+    # Then --fix creates the signal table and publishes it
+    fixed = _checks(workspace.run("validate", "changes", "--json", "--fix").stdout)
+    assert fixed["signal table"] == "ok" and fixed["publication"] == "ok"
+    assert _checks(workspace.run("validate", "changes", "--json").stdout)["publication"] == "ok"

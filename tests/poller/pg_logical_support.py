@@ -48,6 +48,20 @@ class LogicalTable:
             with self.engine.begin() as conn:
                 conn.execute(sa.text(statement))
 
+    def drop_slot(self) -> None:
+        """Drop the slot and the publication (rows written next predate the slot made by create_slot)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.text("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = :s"),
+                {"s": self.config.slot},
+            )
+            conn.execute(sa.text(f"DROP PUBLICATION IF EXISTS {self.config.publication}"))
+
+    def create_slot(self) -> None:
+        for statement in setup_sql(self.config):  # a slot is created in a transaction of its own
+            with self.engine.begin() as conn:
+                conn.execute(sa.text(statement))
+
     def sql(self, *statements: str, params: dict[str, Any] | None = None) -> None:
         """Run the statements in ONE transaction."""
         with self.engine.begin() as conn:
@@ -75,6 +89,7 @@ class LogicalTable:
             )
             conn.execute(sa.text(f"DROP PUBLICATION IF EXISTS {self.config.publication}"))
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.name}"))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.config.signal_table}"))
         self.engine.dispose()
 
 
@@ -86,6 +101,7 @@ def poller_config(url: str, table: str, **more: Any) -> PollerConfig:
         "tables": [table],
         "slot": table,
         "publication": table,
+        "signal_table": f"{table}_signal",  # the tests' own (the default one is shared)
         "queue": "changes",
         "batch_size": 50,
         "max_batches_per_tick": 20,

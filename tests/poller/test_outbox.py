@@ -57,6 +57,8 @@ def test_a_hard_delete_and_every_intermediate_update_arrive_in_order(outbox: Out
     events = [e for b in sink.accepted for e in b.events]
     assert [e.cursor for e in events] == outbox.ids()
     assert len({e.event_id for e in events}) == 5
+    # And every event names the outbox table it came from
+    assert {e.table for e in events} == {poller.table}
 
 
 def test_event_ids_and_batch_ids_are_stable_across_redeliveries(outbox: Outbox) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,11 @@ import sqlalchemy as sa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from poller.events import LazyEvents, encode_page, page_batch, to_event
+from poller.events import LazyEvents, encode_page, keyset_table, page_batch, to_event
 from poller.ports import KeysetColumns, Page
 from poller.source import SqlSource
-from shared.codec import column_json, dumps, encode_column, encode_event
+from shared.codec import column_json, dumps, encode_column, encode_event, loads
+from shared.config import PollerConfig
 from shared.ids import EventIds
 from shared.messages import OutgoingMessage, pack_batch
 from tests.poller.tick_support import make_poller
@@ -69,15 +71,19 @@ def columns(draw: st.DrawFn) -> list[list[Any]]:
     return out
 
 
-def _expected(keyset: KeysetColumns, tuples: list[tuple[Any, ...]]) -> list[tuple[str, bytes]]:
+def _expected(
+    keyset: KeysetColumns, tuples: list[tuple[Any, ...]], poller: PollerConfig = POLLER
+) -> list[tuple[str, bytes]]:
     ids = EventIds(POLLER.name, "fp")
-    events = [to_event(POLLER, "fp", row, ids) for row in map(keyset.row_builder(), tuples)]
+    events = [to_event(poller, "fp", row, ids) for row in map(keyset.row_builder(), tuples)]
     return [(e.event_id, dumps(encode_event(e))) for e in events]
 
 
-def _fast(keyset: KeysetColumns, tuples: list[tuple[Any, ...]]) -> list[tuple[str, bytes]] | None:
+def _fast(
+    keyset: KeysetColumns, tuples: list[tuple[Any, ...]], poller: PollerConfig = POLLER
+) -> list[tuple[str, bytes]] | None:
     """encode_page's events as the wire carries them (each one's JSON bytes)."""
-    encoded = encode_page(EventIds(POLLER.name, "fp"), keyset, tuples)
+    encoded = encode_page(EventIds(POLLER.name, "fp"), keyset, tuples, keyset_table(poller))
     if encoded is None:
         return None
     # Each event comes as its JSON (the template path) or as its encode_event dict.
@@ -101,10 +107,13 @@ def _fast(keyset: KeysetColumns, tuples: list[tuple[Any, ...]]) -> list[tuple[st
     raw_cursor=st.booleans(),
     typed=st.sampled_from([lambda v: {"typed": v}, lambda v: ("typed", v)]),
     with_soft=st.booleans(),
+    query=st.booleans(),
 )
 def test_a_page_encodes_to_the_same_events_as_building_them(
-    data, cursor, ids, soft, raw_cursor, typed, with_soft
+    data, cursor, ids, soft, raw_cursor, typed, with_soft, query
 ) -> None:
+    # A poller on a table names it in every event; a query poller's events name none.
+    poller = replace(POLLER, table=None, query="SELECT 1") if query else POLLER
     rows = len(data[0])
     names = [f"col_{i}" for i in range(len(data))]
     keys = ["id", "c", *names, *(["deleted_at"] if with_soft else []), *(["raw"] if raw_cursor else [])]
@@ -124,11 +133,11 @@ def test_a_page_encodes_to_the_same_events_as_building_them(
         (lambda v: (v, typed(v))) if raw_cursor else None,  # a converter: position raw, event typed
         "deleted_at" if with_soft else None,
     )
-    fast = _outcome(lambda: _fast(keyset, tuples))
+    fast = _outcome(lambda: _fast(keyset, tuples, poller))
     if fast is None:  # no shortcut: only for a composite (tuple) event cursor, which encodes as a list of parts
         assert raw_cursor and isinstance(typed(0), tuple)
     else:
-        assert fast == _outcome(lambda: _expected(keyset, tuples))
+        assert fast == _outcome(lambda: _expected(keyset, tuples, poller))
 
 
 @settings(max_examples=300, deadline=None)
@@ -190,8 +199,9 @@ def test_a_page_with_one_tag_a_column_comes_as_json_text() -> None:
         (1, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), Decimal("1.5"), "a"),
         (2, dt.datetime(2026, 1, 1, 0, 0, 1, 5, tzinfo=dt.UTC), Decimal("2"), None),
     ]
-    encoded = encode_page(EventIds(POLLER.name, "fp"), keyset, tuples)
+    encoded = encode_page(EventIds(POLLER.name, "fp"), keyset, tuples, keyset_table(POLLER))
     assert encoded is not None and all(isinstance(raw, bytes) for raw in encoded[1])
+    assert all(isinstance(raw, bytes) and loads(raw)["table"] == "orders" for raw in encoded[1])  # names its table
     assert _fast(keyset, tuples) == _expected(keyset, tuples)
 
 

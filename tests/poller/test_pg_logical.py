@@ -47,6 +47,8 @@ def test_a_hard_delete_arrives_with_its_old_key(logical: LogicalTable) -> None:
     delete = events[-1]
     assert (delete.op, delete.pk, delete.after, delete.before) == ("delete", {"id": 1}, None, {"id": 1})
     assert {e.op for e in events[:2]} == {"upsert"}
+    # and every event, the delete included, names its schema-qualified table
+    assert {e.table for e in events} == {f"public.{logical.name}"}
 
 
 def test_replica_identity_full_brings_the_old_row_on_delete_and_update(logical: LogicalTable) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shared import codec
 from shared.errors import EnvelopeError, SerializationError, StateFormatError
-from shared.models import Batch, Checkpoint, Lease, Lsn, Position, RowChange, StateDoc
+from shared.models import Batch, Checkpoint, Lease, Lsn, Position, RowChange, SnapshotState, StateDoc
 
 offsets = st.integers(min_value=-14 * 60, max_value=14 * 60).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
 aware = st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30), timezones=offsets)
@@ -131,12 +131,83 @@ def test_an_lsn_checkpoint_is_kind_pg_lsn_with_the_position_as_tiebreaker() -> N
         Lsn.parse("16B374D848")
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    last_key=st.one_of(st.none(), st.dictionaries(st.sampled_from(["id", "tenant"]), scalars, min_size=1)),
+    tables=st.lists(st.sampled_from(["public.orders", "s.lines"]), max_size=2),
+    rows=st.integers(0, 10**12),
+    where=st.one_of(st.none(), st.text(max_size=20)),
+    cancelled=st.booleans(),
+)
+def test_a_snapshot_state_round_trips_beside_the_checkpoint_cursor(
+    last_key: dict[str, object] | None, tables: list[str], rows: int, where: str | None, cancelled: bool
+) -> None:
+    at = dt.datetime(2026, 11, 24, 12, 0, 0, 5, tzinfo=dt.UTC)
+    state = SnapshotState(
+        "req-1", tuple(tables), 500, where, last_key, rows, 3, 10**6, at, None if tables else at, cancelled
+    )
+    doc = StateDoc("orders", "sha256:x", Checkpoint(Position(Lsn(2**33 + 7), {"seq": 2}, state)))
+    raw = codec.loads(codec.encode_state(doc))["checkpoint"]
+    # The cursor is written as before (an older dbfanout reads it and ignores "snapshot")
+    assert raw["cursor"]["tiebreaker"] == {"seq": 2} and raw["snapshot"]["id"] == "req-1"
+    again = codec.decode_state(codec.encode_state(doc))
+    assert again == doc
+    assert again.checkpoint.position is not None and again.checkpoint.position.snapshot == state
+
+
+def test_a_blob_written_before_snapshots_loads_with_none() -> None:
+    blob = (
+        b'{"version":1,"poller_name":"p","source_fingerprint":"sha256:x","checkpoint":{"cursor":{"kind":"pg_lsn",'
+        b'"value":"0/1DE8350","tiebreaker":{"seq":3},"types":{"value":"pg_lsn","tiebreaker":{}}},'
+        b'"last_successful_batch_id":"b","updated_at":null,"metadata":{}},"lease":{"owner_id":null,"fencing_token":4}}'
+    )
+    position = codec.decode_state(blob).checkpoint.position
+    assert position is not None and position.snapshot is None and position.pk == {"seq": 3}
+    # and the same document is written byte for byte as before (no "snapshot" key)
+    assert b"snapshot" not in codec.encode_state(codec.decode_state(blob))
+
+
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        {"id": "x"},
+        {"id": "x", "tables": "public.orders", "chunk_size": 5},
+        {"id": "x", "tables": [], "chunk_size": "5"},
+    ],
+)
+def test_a_malformed_snapshot_state_is_a_state_format_error(snapshot: dict[str, object]) -> None:
+    doc = codec.loads(codec.encode_state(StateDoc("p", "sha256:x", Checkpoint(Position(Lsn(5), {"seq": 0})))))
+    doc["checkpoint"]["snapshot"] = snapshot
+    with pytest.raises(StateFormatError, match="snapshot"):
+        codec.decode_state(codec.dumps(doc))
+
+
 @pytest.mark.parametrize("change", [None, "insert", "order.shipped"])
 def test_the_optional_change_field_round_trips_and_is_absent_when_unset(change: str | None) -> None:
     event = RowChange("ev-1", "upsert", {"id": 1}, 1, {"id": 1}, "orders", change=change)
     body = codec.encode_batch(Batch("orders", "batch-1", "sha256:x", (event,)))
     assert ("change" in codec.loads(body)["events"][0]) is (change is not None)
     assert codec.decode_batch(body).events[0].change == change
+
+
+@pytest.mark.parametrize("table", [None, "public.orders"])
+def test_the_optional_table_field_round_trips_and_is_absent_when_unset(table: str | None) -> None:
+    event = RowChange("ev-1", "delete", {"id": 1}, 1, None, "orders", before={"id": 1}, table=table)
+    body = codec.encode_batch(Batch("orders", "batch-1", "sha256:x", (event,)))
+    raw = codec.loads(body)["events"][0]
+    assert ("table" in raw) is (table is not None) and raw.get("table") == table
+    assert codec.decode_batch(body).events[0].table == table
+    assert codec.decode_event(raw, "orders").table == table
+
+
+def test_a_message_written_before_the_table_field_decodes_with_table_none() -> None:
+    # A body exactly as the previous release wrote it (no "table" key): it still decodes.
+    body = (
+        b'{"schema":"dbfanout.batch/1","poller":"p","batch_id":"b","source_fingerprint":"f","events":'
+        b'[{"event_id":"e","op":"upsert","pk":{"id":1},"cursor":1,"after":{"id":1},"before":null,"change":"insert"}]}'
+    )
+    (event,) = codec.decode_batch(body).events
+    assert event.table is None and event.change == "insert" and event.event_id == "e"
 
 
 @pytest.mark.parametrize(
@@ -158,6 +229,11 @@ def test_the_optional_change_field_round_trips_and_is_absent_when_unset(change: 
             b'"events": [{"event_id": "e", "op": "upsert", "pk": {}, "cursor": 1, "change": 7}]}',
             "change must be a string",
         ),
+        (
+            b'{"schema": "dbfanout.batch/1", "poller": "p", "batch_id": "b", "source_fingerprint": "f", '
+            b'"events": [{"event_id": "e", "op": "upsert", "pk": {}, "cursor": 1, "table": ["x"]}]}',
+            "table must be a string",
+        ),
     ],
 )
 def test_foreign_or_malformed_bodies_are_envelope_errors(body: bytes, why: str) -> None:
@@ -175,7 +251,8 @@ events_strategy = st.lists(
         after=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), st.one_of(scalars, st.none()), max_size=4)),
         poller=st.just("orders"),
         before=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), scalars, max_size=3)),
-        change=st.one_of(st.none(), st.sampled_from(["insert", "order.shipped"])),
+        change=st.one_of(st.none(), st.sampled_from(["insert", "order.shipped", "read"])),
+        table=st.one_of(st.none(), st.sampled_from(["public.orders", 'odd."schema".t'])),
     ),
     min_size=1,
     max_size=6,
@@ -196,6 +273,7 @@ def test_decoding_a_batch_at_once_equals_decoding_each_event(events: list[RowCha
         assert _same(event.cursor, again.cursor) and again.event_id == event.event_id and again.op == event.op
         assert all(_same(v, again.pk[k]) for k, v in event.pk.items())
         assert (again.after is None) is (event.after is None) and again.change == event.change
+        assert again.table == event.table
 
 
 GOOD = {"event_id": "e", "op": "upsert", "pk": {"id": 1}, "cursor": 1}
@@ -213,6 +291,7 @@ GOOD = {"event_id": "e", "op": "upsert", "pk": {"id": 1}, "cursor": 1}
         {**GOOD, "after": [1]},
         {**GOOD, "before": "x"},
         {**GOOD, "change": 7},
+        {**GOOD, "table": 7},
         {**GOOD, "types": {"cursor": "nope"}},
         {**GOOD, "types": {"pk": {"id": "timestamp"}}},
         {**GOOD, "cursor": [1], "types": {"cursor": ["int", "int"]}},

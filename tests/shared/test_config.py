@@ -141,3 +141,39 @@ def test_cursor_is_commit_time_is_off_unless_declared() -> None:
     settings = {"ORDERS_DB_URL": "sqlite://"}
     assert parse_config(_data(), settings).poller("orders").cursor_is_commit_time is False
     assert parse_config(_data(cursor_is_commit_time=True), settings).poller("orders").cursor_is_commit_time is True
+
+
+def _pg_logical(**more: object) -> dict[str, object]:
+    raw: dict[str, object] = {"kind": "pg_logical", "source_url": "postgresql://h/db", "tables": ["orders"]}
+    return {"app": {"name": "t"}, "pollers": {"log": {**raw, "queue": "q", **more}}}
+
+
+def test_snapshot_keys_of_a_pg_logical_poller_default_to_never_and_a_public_signal_table() -> None:
+    log = parse_config(_pg_logical(), {}).pollers["log"]
+    assert (log.snapshot, log.snapshot_chunk_size, log.signal_table) == ("never", 0, "public.dbfanout_signal")
+    log = parse_config(_pg_logical(snapshot="initial", snapshot_chunk_size=200, signal_table="ops.sig"), {}).pollers[
+        "log"
+    ]
+    assert (log.snapshot, log.snapshot_chunk_size, log.signal_table) == ("initial", 200, "ops.sig")
+    assert parse_config(_pg_logical(signal_table="sig"), {}).pollers["log"].signal_table == "public.sig"
+
+
+@pytest.mark.parametrize(
+    ("more", "key"),
+    [
+        ({"snapshot": "always"}, "snapshot"),
+        ({"snapshot_chunk_size": -1}, "snapshot_chunk_size"),
+        ({"signal_table": 'x"; DROP TABLE y'}, "signal_table"),
+    ],
+)
+def test_bad_snapshot_keys_name_their_key(more: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(_pg_logical(**more), {})
+    assert exc.value.key == f"pollers.log.{key}"
+
+
+def test_snapshot_keys_apply_to_pg_logical_pollers_only() -> None:
+    raw = {"source_url": "sqlite://", "table": "t", "cursor": "v", "pk": "id", "queue": "q", "snapshot": "initial"}
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"app": {"name": "t"}, "pollers": {"p": raw}}, {})
+    assert exc.value.key == "pollers.p.snapshot"

@@ -45,6 +45,8 @@ def test_every_body_the_poller_sends_validates(after: dict[str, object], delete:
         RowChange("ev-3", "delete", {"aggregate": "42"}, 7, None, "orders", change="order.deleted"),
         # pg_logical: the cursor is (commit LSN, position); a delete's old key or row is before
         RowChange("ev-4", "delete", {"id": 1}, (Lsn(2**33 + 5), 0), None, "orders", before=after, change="delete"),
+        # every event may name its table; a snapshot's row is change "read"
+        RowChange("ev-5", "upsert", {"id": 1}, (Lsn(9), 0), {"id": 1}, "orders", change="read", table="public.orders"),
     )
     for message in pack_batch(Batch("orders", "batch-1", FP, events), 256 * 1024):
         jsonschema.validate(loads(message.body), SCHEMA)

@@ -139,6 +139,20 @@ def test_message_properties_name_schema_poller_and_count() -> None:
     assert message.application_properties["dbfanout-event-count"] == 3
 
 
+def test_the_tables_property_names_every_table_of_the_batch_framed_by_commas() -> None:
+    # Given a batch of two tables' events (a delete names its table too) and one of a query poller
+    events = (
+        RowChange("ev-1", "upsert", {"id": 1}, 1, {"id": 1}, "p", table="public.orders"),
+        RowChange("ev-2", "delete", {"id": 1}, 2, None, "p", before={"id": 1}, table="public.order_lines"),
+        RowChange("ev-3", "upsert", {"id": 2}, 3, {"id": 2}, "p", table="public.orders"),
+    )
+    (message,) = pack_batch(Batch("p", "b", "sha256:f", events), 256 * 1024)
+    # Then a subscription filter can match one table exactly (LIKE '%,public.orders,%')
+    assert message.application_properties["dbfanout-tables"] == ",public.order_lines,public.orders,"
+    (plain,) = pack_batch(_batch([1, 2]), 256 * 1024)
+    assert "dbfanout-tables" not in plain.application_properties
+
+
 def test_the_session_of_a_change_log_event_is_its_own_key() -> None:
     row = RowChange("ev-1", "upsert", {"id": 7}, 1, {"id": 7}, "orders")
     outbox = RowChange("ev-2", "upsert", {"aggregate": "order:7"}, 12, {}, "changes", change="update")

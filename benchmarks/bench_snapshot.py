@@ -1,0 +1,195 @@
+"""pg_logical snapshot throughput beside keyset catch-up of the same table (issue 25). Run by hand.
+
+    .venv/bin/python benchmarks/bench_snapshot.py                   # 100k rows, batches of 1000
+    .venv/bin/python benchmarks/bench_snapshot.py --rows 1000000    # the issue's 1M-row figure
+
+One table (``id INTEGER PRIMARY KEY, v TEXT, n INTEGER``), filled before its slot exists, then in
+the same run:
+
+keyset     : a keyset poller (cursor id) on the table, run_tick() until caught up: the rate a
+             cloned backfill poller reads it at (the issue's yardstick)
+snapshot   : a pg_logical poller with snapshot = "initial", run_tick() until its snapshot finished
+             (chunk select → high watermark → peek to it → emit), no concurrent writes
+latency    : the live stream's commit → sink latency (a writer inserts a row every 20 ms, its value
+             the wall time), idle (the stream alone) and during a second snapshot; median and p95
+
+Both sinks build every event (ids, envelope fields). State in memory; max_batches_per_tick 20
+(the default) for both. Rows per second, the best of
+--repeat rounds, and the process RSS before and after each phase (flat = the snapshot does not
+hold the table in memory). The slot, publication and tables are dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from poller.pg_logical import PgLogicalSource
+from poller.source import SqlSource
+from poller.state_memory import MemoryStateStore
+from poller.tick import run_tick
+from shared.config import PollerConfig
+from shared.models import Batch
+from tests.poller.pg_logical_support import LogicalTable, logical_reason, poller_config
+from tests.support.databases import PG_URL, unreachable_reason
+
+# The default: a tick's pages come from peeks that start at the slot's position, which moves only
+# after the tick (each chunk's watermark means a new peek), so ticks stay short for both.
+MAX_BATCHES = 20
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class EventSink:
+    """Builds every event; records the commit → send latency of the writer's live rows."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.latencies: list[float] = []
+
+    def send(self, batch: Batch) -> None:
+        now = time.time()
+        for event in batch.events:
+            self.rows += 1
+            if event.change == "insert" and event.after and str(event.after.get("v", "")).startswith("t="):
+                self.latencies.append(now - float(str(event.after["v"])[2:]))
+
+    def close(self) -> None:
+        pass
+
+
+def fill(table: LogicalTable, rows: int) -> None:
+    with table.engine.begin() as conn:
+        conn.execute(
+            sa.text(f"INSERT INTO {table.name} (id, v, n) SELECT g, 'customer-' || g, g FROM generate_series(0, :n) g"),
+            {"n": rows - 1},
+        )
+        conn.execute(sa.text(f"ANALYZE {table.name}"))
+
+
+def keyset_rate(table: LogicalTable, batch: int) -> float:
+    config = PollerConfig(
+        name="bench_keyset", source_url=table.url, cursor="id", pk=("id",), queue="q", table=table.name,
+        batch_size=batch, max_batches_per_tick=MAX_BATCHES, lease_ttl_seconds=3600, settle_seconds=0,
+    )  # fmt: skip
+    sink, store, source = EventSink(), MemoryStateStore(config.name), SqlSource(config)
+    start = time.perf_counter()
+    while run_tick(config, source, store, sink, owner_id="k").stop_reason != "caught_up":
+        pass
+    return sink.rows / (time.perf_counter() - start)
+
+
+def snapshot_run(config: PollerConfig, sink: EventSink) -> float:
+    """Ticks until the snapshot finished; returns the snapshot's rows per second."""
+    store, source = MemoryStateStore(config.name), PgLogicalSource(config)
+    start = time.perf_counter()
+    for _ in range(1_000_000):
+        run_tick(config, source, store, sink, owner_id="s")
+        snap = store.load()
+        state = snap.doc.checkpoint.position.snapshot if snap and snap.doc.checkpoint.position else None
+        if state is not None and not state.active:
+            return state.rows / (time.perf_counter() - start)
+    raise RuntimeError("the snapshot did not finish")
+
+
+class Writer(threading.Thread):
+    """One insert every 20 ms, its value the wall time of the commit (about)."""
+
+    def __init__(self, table: LogicalTable, first_id: int) -> None:
+        super().__init__(daemon=True)
+        self.table, self.next_id, self.stop = table, first_id, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            with self.table.engine.begin() as conn:
+                conn.execute(
+                    sa.text(f"INSERT INTO {self.table.name} (id, v, n) VALUES (:i, :v, 0)"),
+                    {"i": self.next_id, "v": f"t={time.time():.6f}"},
+                )
+            self.next_id += 1
+
+
+def stream_latency(config: PollerConfig, table: LogicalTable, seconds: float, first_id: int) -> list[float]:
+    """The stream alone: ticks back to back for ``seconds`` while the writer writes."""
+    sink, store, source = EventSink(), MemoryStateStore(config.name), PgLogicalSource(config)
+    writer = Writer(table, first_id)
+    writer.start()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        run_tick(config, source, store, sink, owner_id="l")
+    writer.stop.set()
+    writer.join()
+    return sink.latencies
+
+
+def figures(latencies: list[float]) -> str:
+    if not latencies:
+        return "-"
+    ordered = sorted(latencies)
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return f"{statistics.median(ordered) * 1000:.0f} / {p95 * 1000:.0f} ms ({len(ordered)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    for reason in (unreachable_reason(PG_URL), logical_reason(PG_URL)):
+        if reason:
+            sys.exit(f"PostgreSQL: {reason}")
+    table = LogicalTable(PG_URL)
+    table.create(slot=False)
+    try:
+        fill(table, args.rows)
+        table.create_slot()
+        base = poller_config(
+            table.url, table.name, signal_table=table.config.signal_table, batch_size=args.batch,
+            max_batches_per_tick=MAX_BATCHES, lease_ttl_seconds=3600,
+        )  # fmt: skip
+        snap_config = replace(base, snapshot="initial", snapshot_chunk_size=args.batch)
+        print(
+            f"{args.rows:,} rows, batches/chunks of {args.batch}; load {Path('/proc/loadavg').read_text().split()[:3]}"
+        )
+        print("| round | keyset rows/s | snapshot rows/s | ratio | RSS MiB before → after snapshot |")
+        print("|---:|---:|---:|---:|---:|")
+        for round_ in range(1, args.repeat + 1):
+            keyset = keyset_rate(table, args.batch)
+            before = rss_mib()
+            snapshot = snapshot_run(snap_config, EventSink())
+            print(f"| {round_} | {keyset:,.0f} | {snapshot:,.0f} | {snapshot / keyset:.2f} | "
+                  f"{before:.0f} → {rss_mib():.0f} |")  # fmt: skip
+        # The live stream's latency, idle and during a snapshot (the writer inserts ids past the table)
+        idle = stream_latency(base, table, args.latency_seconds, args.rows + 1_000_000)
+        during_sink = EventSink()
+        writer = Writer(table, args.rows + 2_000_000)
+        writer.start()
+        try:
+            snapshot_run(snap_config, during_sink)
+        finally:
+            writer.stop.set()
+            writer.join()
+        print(f"\nlive stream commit → sink latency, median / p95 (samples): idle {figures(idle)}, "
+              f"during a snapshot {figures(during_sink.latencies)}")  # fmt: skip
+    finally:
+        table.drop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,361 @@
+"""Snapshots beside the stream (poller/snapshot.py): DBLog's watermarks against a real PostgreSQL.
+
+The guarantee: after a snapshot completes, the target rebuilt from every event (de-duplicated by
+event id, in delivery order) equals the source, whatever was inserted, updated or deleted during
+it; a snapshot row never arrives after a newer change of its key, and a key deleted meanwhile is
+not resurrected. The worst interleavings are forced, not hoped for: writes are made between a
+chunk's select and its high watermark (a reader whose watermark write first runs them), and
+between the fetches of a tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from poller.pg_logical import PgLogicalSource
+from poller.snapshot import Chunk, ChunkReader, request_statement
+from poller.state_memory import MemoryStateStore
+from poller.tick import run_tick
+from shared.codec import decode_state, encode_state
+from shared.config import PollerConfig
+from shared.models import RowChange
+from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config
+from tests.poller.tick_support import RecordingSink, drain
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def logical(pg_url: str) -> Iterator[LogicalTable]:
+    with logical_table(pg_url) as table:
+        yield table
+
+
+def _config(table: LogicalTable, **more: Any) -> PollerConfig:
+    return poller_config(table.url, table.name, signal_table=table.config.signal_table, **more)
+
+
+def rebuild(events: list[RowChange]) -> dict[int, tuple[Any, Any]]:
+    """The target a handler keeps: every event applied in delivery order (first copy of an id wins)."""
+    target: dict[int, tuple[Any, Any]] = {}
+    for e in events:
+        key = e.pk["id"]
+        if e.op == "delete":
+            target.pop(key, None)
+        else:
+            assert e.after is not None
+            target[key] = (e.after["v"], e.after["n"])
+    return target
+
+
+def source_rows(table: LogicalTable) -> dict[int, tuple[Any, Any]]:
+    with table.engine.connect() as conn:
+        return {r.id: (r.v, r.n) for r in conn.execute(sa.text(f"SELECT id, v, n FROM {table.name}"))}
+
+
+class WriterBetween(ChunkReader):
+    """The real chunk reader, with writes made between each chunk's select and its high watermark
+    (the window DBLog exists for): ``writes`` is called with the chunk's number."""
+
+    def __init__(self, config: PollerConfig, engine: sa.Engine, writes: Callable[[int], None]) -> None:
+        super().__init__(config, engine)
+        self.writes, self.chunks = writes, 0
+
+    def watermark(self, chunk: Chunk) -> None:
+        self.writes(self.chunks)
+        self.chunks += 1
+        super().watermark(chunk)
+
+
+def _source(config: PollerConfig, writes: Callable[[int], None] | None = None) -> PgLogicalSource:
+    source = PgLogicalSource(config)
+    if writes is not None:
+        source._chunks = WriterBetween(config, source._engine, writes)
+    return source
+
+
+def test_an_initial_snapshot_delivers_every_existing_row_once_then_streams(logical: LogicalTable) -> None:
+    # Given 120 rows that existed before the slot (snapshot = "initial", chunks of 25)
+    logical.drop_slot()
+    logical.insert(range(120), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=25)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    # When the poller drains, then a row is updated and another deleted
+    drain(config, _source(config), store, sink)
+    logical.sql("UPDATE {t} SET v = 'new' WHERE id = 3", "DELETE FROM {t} WHERE id = 4")
+    drain(config, _source(config), store, sink)
+    # Then every existing row came once as a "read" (op upsert) naming its table, then the changes
+    events = events_of(sink.accepted)
+    reads = [e for e in events if e.change == "read"]
+    assert sorted(e.pk["id"] for e in reads) == list(range(120))
+    assert {(e.op, e.table) for e in reads} == {("upsert", f"public.{logical.name}")}
+    assert [(e.change, e.pk["id"]) for e in events[-2:]] == [("update", 3), ("delete", 4)]
+    assert rebuild(events) == source_rows(logical)
+    # And the state blob says the snapshot finished, with its counts (and round-trips)
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    state = snap.doc.checkpoint.position.snapshot
+    assert state is not None and not state.active and state.rows == 120 and state.chunks == 5
+    assert decode_state(encode_state(snap.doc)) == snap.doc
+
+
+def test_never_is_the_default_and_delivers_only_changes(logical: LogicalTable) -> None:
+    logical.drop_slot()
+    logical.insert(range(5), "old")
+    logical.create_slot()
+    config = _config(logical)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    logical.insert([100], "new")
+    drain(config, _source(config), store, sink)
+    assert [(e.change, e.pk["id"]) for e in events_of(sink.accepted)] == [("insert", 100)]
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    assert snap.doc.checkpoint.position.snapshot is None  # the blob is written as before
+
+
+def test_keys_changed_between_a_chunks_select_and_its_watermark_are_never_stale_nor_resurrected(
+    logical: LogicalTable,
+) -> None:
+    # Given 60 rows and chunks of 20
+    logical.drop_slot()
+    logical.insert(range(60), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=20)
+
+    def writes(chunk: int) -> None:
+        # After each select, before its watermark: update, delete and re-insert keys of that chunk
+        base = chunk * 20
+        logical.sql(
+            f"UPDATE {{t}} SET v = 'upd{chunk}', n = n + 1 WHERE id = {base + 1}",
+            f"DELETE FROM {{t}} WHERE id = {base + 2}",
+            f"DELETE FROM {{t}} WHERE id = {base + 3}",
+            f"INSERT INTO {{t}} (id, v, n) VALUES ({base + 3}, 'again', 7)",
+            f"INSERT INTO {{t}} (id, v, n) VALUES ({1000 + chunk}, 'fresh', 0)",
+        )
+
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    drain(config, _source(config, writes), store, sink)
+    events = events_of(sink.accepted)
+    # Then the target equals the source: the deleted keys stay deleted, the updates are not undone
+    assert rebuild(events) == source_rows(logical)
+    # and no snapshot row of a key comes after a change of that key made during its window
+    for chunk in range(3):
+        changed = [e for e in events if e.pk["id"] in (chunk * 20 + 1, chunk * 20 + 2, chunk * 20 + 3)]
+        assert all(e.change != "read" for e in changed), [(e.change, e.pk) for e in changed]
+
+
+def test_a_requested_snapshot_of_a_live_poller_resumes_after_its_last_landed_chunk(logical: LogicalTable) -> None:
+    # Given a streaming poller (no initial snapshot) over 50 rows that predate its slot
+    logical.drop_slot()
+    logical.insert(range(50), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot_chunk_size=10, max_batches_per_tick=2, batch_size=10)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    logical.insert([500], "new")
+    drain(config, _source(config), store, sink)
+    # When `dbfanout snapshot` queues one (a signal row) and a tick lands two chunks only
+    statement, params = request_statement(config, where="id < 45")
+    with logical.engine.begin() as conn:
+        conn.execute(statement, params)
+    run_tick(config, _source(config), store, sink, owner_id="a")
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    mid = snap.doc.checkpoint.position.snapshot
+    assert mid is not None and mid.active and mid.rows == 20 and mid.last_key == {"id": 19}
+    # And the process dies; a new one (new source, chunk lost with the old one) goes on
+    drain(config, _source(config), store, sink, owner_id="b")
+    # Then the rows the condition selects came once, the rest not at all, and the state finished
+    reads = [e.pk["id"] for e in events_of(sink.accepted) if e.change == "read"]
+    assert sorted(reads) == list(range(45))
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    done = snap.doc.checkpoint.position.snapshot
+    assert done is not None and not done.active and done.rows == 45 and not done.cancelled
+
+
+def test_a_cancel_stops_a_running_snapshot(logical: LogicalTable) -> None:
+    logical.drop_slot()
+    logical.insert(range(40), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot_chunk_size=10, max_batches_per_tick=1, batch_size=10)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    statement, params = request_statement(config)
+    with logical.engine.begin() as conn:
+        conn.execute(statement, params)
+    logical.insert([900], "new")  # the request's state lands with a change after it
+    run_tick(config, _source(config), store, sink, owner_id="a")
+    statement, params = request_statement(config, cancel=True)
+    with logical.engine.begin() as conn:
+        conn.execute(statement, params)
+    logical.insert([901], "new")
+    drain(config, _source(config), store, sink)
+    reads = [e.pk["id"] for e in events_of(sink.accepted) if e.change == "read"]
+    assert len(reads) < 40
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    state = snap.doc.checkpoint.position.snapshot
+    assert state is not None and state.cancelled and not state.active
+
+
+def test_a_re_read_chunk_gives_its_rows_the_same_event_ids(logical: LogicalTable) -> None:
+    # Given rows read by a snapshot whose checkpoint never landed (the sink accepted, then a crash)
+    logical.drop_slot()
+    logical.insert(range(10), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=10)
+    first, second = RecordingSink(), RecordingSink()
+    drain(config, _source(config), MemoryStateStore("p"), first)
+    # When another poller state (no checkpoint) reads them again, after one row changed
+    logical.sql("UPDATE {t} SET v = 'changed' WHERE id = 5")
+    drain(config, _source(config), MemoryStateStore("p"), second)
+    ids_first = {e.pk["id"]: e.event_id for e in events_of(first.accepted) if e.change == "read"}
+    ids_second = {e.pk["id"]: e.event_id for e in events_of(second.accepted) if e.change == "read"}
+    # Then an unchanged row version has the same id (duplicate detection absorbs the copy); the
+    # changed row is not read at all: its update is in the chunk's window and arrives as itself
+    assert {k for k in ids_second if ids_first[k] == ids_second[k]} == set(range(10)) - {5}
+    assert [(e.change, e.pk["id"]) for e in events_of(second.accepted) if e.change != "read"] == [("update", 5)]
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["insert", "update", "delete"]), st.integers(0, 39)),
+    max_size=6,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    during=st.lists(OPS, min_size=8, max_size=8),
+    between=st.lists(OPS, min_size=4, max_size=4),
+    chunk=st.integers(3, 12),
+    batch=st.integers(2, 15),
+)
+def test_random_interleavings_never_yield_a_stale_or_resurrected_row(
+    logical: LogicalTable, during: list[Any], between: list[Any], chunk: int, batch: int
+) -> None:
+    # Given 30 rows before the slot, and random writes both inside chunk windows and between ticks
+    logical.drop_slot()
+    logical.sql("DELETE FROM {t}")
+    logical.insert(range(30), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=chunk, batch_size=batch, max_batches_per_tick=2)
+    counter = [0]
+
+    def run(ops: list[tuple[str, int]]) -> None:
+        for op, key in ops:
+            counter[0] += 1
+            if op == "insert":
+                logical.sql(
+                    f"INSERT INTO {{t}} (id, v, n) VALUES ({key}, 'i{counter[0]}', 0) ON CONFLICT (id) DO NOTHING"
+                )
+            elif op == "update":
+                logical.sql(f"UPDATE {{t}} SET v = 'u{counter[0]}', n = n + 1 WHERE id = {key}")
+            else:
+                logical.sql(f"DELETE FROM {{t}} WHERE id = {key}")
+
+    source = _source(config, lambda n: run(during[n % len(during)]))
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    # When ticks run with writes between them until the snapshot finished and the log drained
+    for ops in between:
+        run_tick(config, source, store, sink, owner_id="a")
+        run(ops)
+    drain(config, source, store, sink, max_ticks=200)
+    # (a change after the end carries the finished state into the checkpoint: when the last chunk
+    # is empty no row does, and every fetch re-reads that empty chunk until one does)
+    logical.sql("INSERT INTO {t} (id, v, n) VALUES (-1, 'end', 0)", "DELETE FROM {t} WHERE id = -1")
+    drain(config, source, store, sink, max_ticks=200)
+    # Then the target rebuilt from every event equals the source
+    assert rebuild(events_of(sink.accepted)) == source_rows(logical)
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    state = snap.doc.checkpoint.position.snapshot
+    assert state is not None and not state.active
+
+
+def test_a_cancel_no_change_follows_stops_the_snapshot_and_idle_ticks_write_nothing(logical: LogicalTable) -> None:
+    # Given a requested snapshot that landed one chunk of 10
+    logical.drop_slot()
+    logical.insert(range(40), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot_chunk_size=10, max_batches_per_tick=1, batch_size=10)
+    store, sink, source = MemoryStateStore("p"), RecordingSink(), _source(config)
+    statement, params = request_statement(config)
+    with logical.engine.begin() as conn:
+        conn.execute(statement, params)
+    run_tick(config, source, store, sink, owner_id="a")
+    assert len([e for e in events_of(sink.accepted) if e.change == "read"]) == 10
+
+    def watermark() -> object:
+        with logical.engine.connect() as conn:
+            query = f"SELECT id FROM {config.signal_table} WHERE kind = 'watermark'"
+            return conn.execute(sa.text(query)).scalar()
+
+    # When it is cancelled and nothing changes afterwards (no row carries the cancel into the checkpoint)
+    statement, params = request_statement(config, cancel=True)
+    with logical.engine.begin() as conn:
+        conn.execute(statement, params)
+    before = watermark()
+    for _ in range(3):
+        drain(config, source, store, sink)
+    # Then no more rows are read, idle ticks read no chunk (no watermark written), and the slot
+    # keeps the cancel (it is read again until a checkpoint carries it)
+    assert len([e for e in events_of(sink.accepted) if e.change == "read"]) == 10
+    assert watermark() == before
+    with logical.engine.connect() as conn:
+        slot = conn.execute(
+            sa.text(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots"
+                " WHERE slot_name = :s"
+            ),
+            {"s": config.slot},
+        ).scalar_one()
+    assert slot > 0
+
+
+def test_two_tables_with_the_same_keys_each_keep_their_rows_and_name_their_table(logical: LogicalTable) -> None:
+    # Given two tables keyed 0..29 alike, both published, rows before the slot
+    other = f"{logical.name}_b"
+    logical.drop_slot()
+    logical.sql(f"CREATE TABLE {other} (id INTEGER PRIMARY KEY, v TEXT, n INTEGER)")
+    try:
+        logical.insert(range(30), "a")
+        logical.sql(f"INSERT INTO {other} (id, v, n) SELECT g, 'b', 0 FROM generate_series(0, 29) g")
+        logical.config = poller_config(
+            logical.url, logical.name, tables=[logical.name, other], signal_table=logical.config.signal_table
+        )
+        logical.create_slot()
+        config = replace(logical.config, snapshot="initial", snapshot_chunk_size=10)
+
+        def writes(chunk: int) -> None:
+            # Inside every window: change the *other* table's row with a key of this chunk, and
+            # delete one of this table's: only the latter may leave the chunk
+            logical.sql(f"UPDATE {other} SET v = 'b{chunk}' WHERE id = {chunk % 3 * 10 + 1}")
+            logical.sql(f"DELETE FROM {{t}} WHERE id = {chunk % 3 * 10 + 2}")
+
+        store, sink = MemoryStateStore("p"), RecordingSink()
+        drain(config, _source(config, writes), store, sink)
+        events = events_of(sink.accepted)
+        # Then each table rebuilds to its source, every event naming its table
+        for table in (logical.name, other):
+            mine = [e for e in events if e.table == f"public.{table}"]
+            target: dict[int, Any] = {}
+            for e in mine:
+                if e.op == "delete":
+                    target.pop(e.pk["id"], None)
+                else:
+                    assert e.after is not None
+                    target[e.pk["id"]] = e.after["v"]
+            with logical.engine.connect() as conn:
+                rows = {r.id: r.v for r in conn.execute(sa.text(f"SELECT id, v FROM {table}"))}
+            assert target == rows, table
+        assert {e.table for e in events} == {f"public.{logical.name}", f"public.{other}"}
+    finally:
+        logical.drop_slot()
+        logical.sql(f"DROP TABLE IF EXISTS {other}")
