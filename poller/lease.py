@@ -77,8 +77,11 @@ def acquired(
     """The document that makes ``owner_id`` the holder, or None when the lease is still held.
 
     A new document starts at fencing token 1; a lapsed (or released) lease is taken with the
-    token bumped by one. A document written for another source definition is never taken:
-    FingerprintMismatchError (seed 002 §9: reject execution until an explicit reset).
+    token bumped by one. A live lease that already names ``owner_id`` is ours (an earlier
+    acquire or heartbeat landed although its answer was lost): it is renewed with its token
+    kept, since no one else can have written under it. A document written for another source
+    definition is never taken: FingerprintMismatchError (seed 002 §9: reject execution until an
+    explicit reset).
     """
     if current is None:
         return StateDoc(
@@ -91,8 +94,12 @@ def acquired(
             f"poller {poller_name!r}: the state blob was written for source {current.source_fingerprint!r}, "
             f"this poller's source is {fingerprint!r}"
         )
-    if not current.lease.is_free(now, skew_margin):
-        return None
+    lease = current.lease
+    if not lease.is_free(now, skew_margin):
+        if lease.owner_id != owner_id:
+            return None
+        # Owner ids carry a per-process nonce, so this is our own hold: adopt its token.
+        return current.with_lease(replace(lease, heartbeat_at=now, expires_at=now + ttl))
     token = current.lease.fencing_token + 1
     return current.with_lease(Lease(owner_id, token, acquired_at=now, heartbeat_at=now, expires_at=now + ttl))
 
