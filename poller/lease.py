@@ -207,6 +207,12 @@ class LeaseKeeper:
         with self._lock:
             return self._lost
 
+    @property
+    def settled(self) -> bool:
+        """True while the snapshot is certain: the lease is not lost and no commit is in doubt."""
+        with self._lock:
+            return self._lost is None and not self._ambiguous
+
     def _ids(self, **more: object) -> dict[str, object]:
         doc = self._snap.doc
         return ids(poller=self._store.poller_name, fencing_token=doc.lease.fencing_token, **more)

@@ -1,11 +1,13 @@
 """Everything one poller keeps across ticks: a pooled engine, its state store and its sender.
 
 Built lazily on the first tick (``function_app.py`` indexing must open no connections) and
-reused afterwards: opening a Service Bus sender costs about a second.
+reused afterwards: opening a Service Bus sender costs about a second. The poller's lease is kept
+between ticks too (:mod:`poller.sticky`) and released by :meth:`PollerRuntime.close`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Callable
 
@@ -16,6 +18,7 @@ from poller.sink_queue import ClaimCheckHook
 from poller.sink_servicebus import ServiceBusSink
 from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
+from poller.sticky import StickyLease
 from poller.tick import TickResult, default_owner_id, run_tick
 from shared.claimcheck import open_claim_check
 from shared.closing import close_and_clear
@@ -48,6 +51,7 @@ class PollerRuntime:
         self._sink = sink
         self._bus = bus
         self.owner_id = owner_id or default_owner_id()
+        self._lease: StickyLease | None = None
         self._lock = threading.Lock()  # one tick at a time in this process
 
     @property
@@ -91,15 +95,28 @@ class PollerRuntime:
             return None
         return open_claim_check(self.config).offload
 
+    @property
+    def lease(self) -> StickyLease:
+        """The lease this process keeps between ticks (:mod:`poller.sticky`)."""
+        if self._lease is None:
+            ttl = dt.timedelta(seconds=self.poller.lease_ttl_seconds)
+            self._lease = StickyLease(self.store, self.owner_id, ttl, self.source.fingerprint)
+        return self._lease
+
     def tick(self) -> TickResult:
         self.poller.require_settings()  # a poller missing its settings fails here, alone
         with self._lock:
-            return run_tick(self.poller, self.source, self.store, self.sink, owner_id=self.owner_id)
+            return run_tick(self.poller, self.source, self.store, self.sink, owner_id=self.owner_id, lease=self.lease)
 
     def close(self) -> None:
-        for part in (self._sink, self._source):
-            if part is not None:
-                part.close()
+        """Release the kept lease (another instance takes over at its next tick), then close."""
+        with self._lock:  # after a running tick: it may still commit under the lease
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                lease.release()
+            for part in (self._sink, self._source):
+                if part is not None:
+                    part.close()
 
 
 class Runtimes:

@@ -1,10 +1,12 @@
 """One timer tick: the poller's lifecycle, in the order seed 001 §2 gives it.
 
 **acquire** the lease (one CAS; the same read loads the checkpoint and refuses a foreign source
-fingerprint) → up to ``max_batches_per_tick`` pages within the time budget: **fetch** →
+fingerprint; a process that kept its lease from the last tick reuses it, :mod:`poller.sticky`)
+→ up to ``max_batches_per_tick`` pages within the time budget: **fetch** →
 **send** → **commit** (only after the sink accepted every message; the write also extends the
 lease) → **acknowledge** (the source's housekeeping once the tick's last write landed) →
-**release**. :class:`Tick` has one method per step, in that order.
+**release** (unless the lease is kept for the next tick). :class:`Tick` has one method per
+step, in that order.
 
 Commits run through :class:`~poller.committer.Committer`: with ``max_uncommitted_batches`` > 1
 the next page is fetched and sent while the previous commit is in flight, and one write covers
@@ -36,6 +38,7 @@ from poller.events import page_batch
 from poller.lease import LeaseKeeper
 from poller.ports import Page, Sink, Source, StateStore
 from poller.prefetch import PageReader, Prefetcher, Sequential
+from poller.sticky import StickyLease
 from shared.config import PollerConfig
 from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
@@ -80,27 +83,41 @@ def run_tick(
     owner_id: str | None = None,
     clock: Callable[[], dt.datetime] = _utcnow,
     monotonic: Callable[[], float] = time.monotonic,
+    lease: StickyLease | None = None,
 ) -> TickResult:
-    """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing)."""
+    """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing).
+
+    With ``lease`` (the process's :class:`~poller.sticky.StickyLease` for this poller) the lease
+    and its snapshot are kept for the next tick instead of being released: a tick that finds
+    nothing costs no storage request. Without it the tick acquires and releases its own lease.
+    """
     tick = Tick(poller, source, sink, clock, monotonic)
-    keeper = tick.acquire(store, owner_id or default_owner_id())
+    keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
     if keeper is None:
         return TickResult(poller.name, "lease_held")
+    failed = True
     try:
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
             result = tick.drain(keeper)
         tick.acknowledge(keeper.checkpoint)
+        failed = False
         return result
     except LostLeaseError:
+        failed = False  # nothing to release: the lease is someone else's
         log.warning(
             "lease lost mid-tick; the new owner re-sends the batch",
             extra=ids(poller=poller.name, window="W4", fencing_token=keeper.fencing_token),
         )
         return TickResult(poller.name, "lease_lost", fencing_token=keeper.fencing_token)
     finally:
-        tick.release(keeper)
+        if lease is None:
+            tick.release(keeper)
+        elif failed:
+            lease.drop(keeper)  # a failed tick lets another instance try (and the next one reloads)
+        else:
+            lease.keep(keeper)
 
 
 class Tick:
@@ -136,6 +153,15 @@ class Tick:
             log.debug("lease held elsewhere; skipping tick", extra=ids(poller=self.name))
             return None
         return LeaseKeeper(store, snap, ttl, clock=self.clock)
+
+    def take(self, lease: StickyLease) -> LeaseKeeper | None:
+        """The kept lease (no storage request while it has time left), or a fresh acquire."""
+        log.debug("tick started", extra=ids(poller=self.name))
+        with _stage("acquire", self.name):
+            keeper = lease.take()
+        if keeper is None:
+            log.debug("lease held elsewhere; skipping tick", extra=ids(poller=self.name))
+        return keeper
 
     def drain(self, keeper: LeaseKeeper) -> TickResult:
         """Fetch, send and commit pages until caught up, out of pages or out of time."""

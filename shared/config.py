@@ -30,6 +30,9 @@ __all__ = [
 
 CONFIG_SETTING = "DBFANOUT_CONFIG"
 DEFAULT_CONFIG_NAME = "dbfanout.toml"
+#: A process keeps its poller's lease between ticks (poller/sticky.py) and renews it when a third
+#: is left: one write per 20 s at 30 s, and a crashed owner's poller resumes within ~35 s.
+DEFAULT_LEASE_TTL_SECONDS = 30
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -87,7 +90,7 @@ class PollerConfig:
     schedule: str = "*/5 * * * * *"
     batch_size: int = 500
     max_batches_per_tick: int = 20
-    lease_ttl_seconds: int = 120
+    lease_ttl_seconds: int = DEFAULT_LEASE_TTL_SECONDS
     settle_seconds: float = 2.0
     soft_delete_column: str | None = None
     handler: str | None = None
@@ -419,7 +422,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         schedule=schedule,
         batch_size=_int(raw, prefix, "batch_size", 500, 1, 100_000),
         max_batches_per_tick=_int(raw, prefix, "max_batches_per_tick", 20, 1, 10_000),
-        lease_ttl_seconds=_int(raw, prefix, "lease_ttl_seconds", 120, 10, 3600),
+        lease_ttl_seconds=_int(raw, prefix, "lease_ttl_seconds", DEFAULT_LEASE_TTL_SECONDS, 10, 3600),
         settle_seconds=_num(raw, prefix, "settle_seconds", 2.0, 0.0) or 0.0,
         soft_delete_column=_str(raw, prefix, "soft_delete_column", None),
         handler=handler,
