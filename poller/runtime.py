@@ -52,6 +52,7 @@ class PollerRuntime:
         self._bus = bus
         self.owner_id = owner_id or default_owner_id()
         self._lease: StickyLease | None = None
+        self._stopping = threading.Event()
         self._lock = threading.Lock()  # one tick at a time in this process
 
     @property
@@ -103,13 +104,24 @@ class PollerRuntime:
             self._lease = StickyLease(self.store, self.owner_id, ttl, self.source.fingerprint)
         return self._lease
 
-    def tick(self) -> TickResult:
+    def tick(self, next_occurrence: dt.datetime | None = None) -> TickResult:
+        """One tick; ``next_occurrence`` (the timer's next firing) bounds a lingering tick."""
         self.poller.require_settings()  # a poller missing its settings fails here, alone
         with self._lock:
-            return run_tick(self.poller, self.source, self.store, self.sink, owner_id=self.owner_id, lease=self.lease)
+            return run_tick(
+                self.poller,
+                self.source,
+                self.store,
+                self.sink,
+                owner_id=self.owner_id,
+                lease=self.lease,
+                next_occurrence=next_occurrence,
+                stop=self._stopping,
+            )
 
     def close(self) -> None:
         """Release the kept lease (another instance takes over at its next tick), then close."""
+        self._stopping.set()  # a lingering tick ends at its next poll instead of its deadline
         with self._lock:  # after a running tick: it may still commit under the lease
             lease, self._lease = self._lease, None
             if lease is not None:

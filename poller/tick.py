@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,11 +46,17 @@ from shared.logs import get_logger, ids
 from shared.models import Batch, Checkpoint, Position
 from shared.telemetry import metrics
 
-__all__ = ["Tick", "TickResult", "default_owner_id", "run_tick"]
+__all__ = ["IDLE_BACKOFF", "LINGER_MARGIN", "Tick", "TickResult", "default_owner_id", "run_tick"]
 
 log = get_logger("poller.tick")
 
 StopReason = Literal["caught_up", "max_batches", "time_budget", "lease_held", "lease_lost"]
+
+#: A lingering tick ends this long before the timer's next occurrence (seconds): a timer whose
+#: function still runs when it is due skips that occurrence.
+LINGER_MARGIN = 0.1
+#: An idle linger polls at most this many times less often than ``poll_interval_ms``.
+IDLE_BACKOFF = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +91,21 @@ def run_tick(
     clock: Callable[[], dt.datetime] = _utcnow,
     monotonic: Callable[[], float] = time.monotonic,
     lease: StickyLease | None = None,
+    next_occurrence: dt.datetime | None = None,
+    stop: threading.Event | None = None,
 ) -> TickResult:
     """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing).
 
     With ``lease`` (the process's :class:`~poller.sticky.StickyLease` for this poller) the lease
     and its snapshot are kept for the next tick instead of being released: a tick that finds
     nothing costs no storage request. Without it the tick acquires and releases its own lease.
+
+    With ``linger_seconds`` set, a tick that caught up keeps polling (:meth:`Tick.linger`) until
+    ``linger_seconds`` after its start or :data:`LINGER_MARGIN` before ``next_occurrence`` (the
+    timer's next firing, when known), whichever comes first; ``stop`` cuts it short (shutdown).
     """
-    tick = Tick(poller, source, sink, clock, monotonic)
+    tick = Tick(poller, source, sink, clock, monotonic, stop=stop)
+    linger_until = tick.linger_deadline(next_occurrence)
     keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
     if keeper is None:
         return TickResult(poller.name, "lease_held")
@@ -101,6 +115,8 @@ def run_tick(
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
             result = tick.drain(keeper)
+            if linger_until is not None and result.stop_reason == "caught_up":
+                result = tick.linger(keeper, result, linger_until)
         tick.acknowledge(keeper.checkpoint)
         failed = False
         return result
@@ -131,8 +147,11 @@ class Tick:
         sink: Sink,
         clock: Callable[[], dt.datetime] = _utcnow,
         monotonic: Callable[[], float] = time.monotonic,
+        *,
+        stop: threading.Event | None = None,
     ) -> None:
         self.poller = poller
+        self.stop = stop or threading.Event()
         self.name = poller.name
         self.source = source
         self.sink = sink
@@ -202,6 +221,36 @@ class Tick:
             pages.close()
             committer.close()
         return TickResult(self.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
+
+    def linger_deadline(self, next_occurrence: dt.datetime | None) -> float | None:
+        """When a lingering tick must end (on ``monotonic``), or None when it must not linger."""
+        budget = self.poller.linger_seconds
+        if budget <= 0:
+            return None
+        if next_occurrence is not None:  # end before the timer fires again, or it skips a firing
+            budget = min(budget, (next_occurrence - self.clock()).total_seconds() - LINGER_MARGIN)
+        return self.monotonic() + budget if budget > 0 else None
+
+    def linger(self, keeper: LeaseKeeper, caught_up: TickResult, until: float) -> TickResult:
+        """After catching up: poll again until ``until``, sending what appears (opt-in linger).
+
+        Polls every ``poll_interval_ms``, doubling the wait after each empty poll up to
+        :data:`IDLE_BACKOFF` times it, and back to it as soon as a poll finds rows. Each poll is a
+        :meth:`drain` under the same lease (commits as usual; the background renewer keeps the
+        lease alive). Ends early on ``stop`` or a lost lease (raised, like a drain's).
+        """
+        base = self.poller.poll_interval_ms / 1000
+        interval, rows, batches, nulls = base, caught_up.rows, caught_up.batches, caught_up.skipped_null_cursors
+        reason: StopReason = caught_up.stop_reason
+        while (remaining := until - self.monotonic()) > 0:
+            if self.stop.wait(min(interval, remaining)):
+                break
+            keeper.check()  # the renewer saw the lease go: stop before fetching for someone else
+            result = self.drain(keeper)
+            rows, batches = rows + result.rows, batches + result.batches
+            nulls, reason = max(nulls, result.skipped_null_cursors), result.stop_reason
+            interval = base if result.rows else min(interval * 2, base * IDLE_BACKOFF)
+        return TickResult(self.name, reason, rows, batches, keeper.fencing_token, nulls)
 
     def _reader(self, first: Position | None) -> PageReader:
         """Pages read one ahead on their own thread where the source allows it (keyset queries, no

@@ -114,6 +114,11 @@ class PollerConfig:
     # Batches sent ahead of the last landed checkpoint write (group commit); 1 = commit each batch
     # before the next is fetched, the brief's strict order. Duplicates after a crash: at most this many.
     max_uncommitted_batches: int = 16
+    # Linger (opt-in): after catching up, a tick keeps polling the source every poll_interval_ms
+    # (backing off to 4x while idle) for up to linger_seconds, ending before the next timer
+    # occurrence; changes reach the queue without waiting for the next timer. 0: off.
+    linger_seconds: float = 0.0
+    poll_interval_ms: int = 250
     # Where changes come from: "keyset" (a table or query read in cursor order, the default) or
     # "outbox" (an outbox table the application writes, see shared.outbox; cursor and pk are its own).
     kind: SourceKind = "keyset"
@@ -344,6 +349,18 @@ def _num(raw: Mapping[str, Any], prefix: str, key: str, default: float | None, l
     return float(value)
 
 
+def _linger(raw: Mapping[str, Any], prefix: str) -> float:
+    """``linger_seconds``: 0 (off) up to 600; a lingering tick keeps its timer invocation running."""
+    value = _num(raw, prefix, "linger_seconds", 0.0, 0.0) or 0.0
+    if value > 600:
+        raise ConfigError(
+            f"{prefix}.linger_seconds",
+            f"must be at most 600 (got {value!r})",
+            hint="a linger ends before the next timer occurrence anyway; keep it below the schedule interval",
+        )
+    return value
+
+
 def _choice(raw: Mapping[str, Any], prefix: str, key: str, default: str, choices: tuple[str, ...]) -> Any:
     value = raw.get(key, default)
     if value not in choices:
@@ -440,6 +457,8 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         use_monitor=bool(raw.get("use_monitor", True)),
         sessions=bool(raw.get("sessions", False)),
         max_uncommitted_batches=_int(raw, prefix, "max_uncommitted_batches", 16, 1, 64),
+        linger_seconds=_linger(raw, prefix),
+        poll_interval_ms=_int(raw, prefix, "poll_interval_ms", 250, 10, 10_000),
         kind=kind,
         outbox_retention_seconds=_num(raw, prefix, "outbox_retention_seconds", None, 0.0),
         tables=tuple(raw.get("tables", ())),

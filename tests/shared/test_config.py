@@ -67,6 +67,11 @@ def _data(**changes: object) -> dict[str, object]:
         ({"bogus": 1}, "pollers.orders.bogus"),
         ({"null_cursor": "ignore"}, "pollers.orders.null_cursor"),
         ({"max_delivery_count": -1}, "pollers.orders.max_delivery_count"),
+        ({"linger_seconds": -1}, "pollers.orders.linger_seconds"),
+        ({"linger_seconds": 601}, "pollers.orders.linger_seconds"),
+        ({"linger_seconds": "2"}, "pollers.orders.linger_seconds"),
+        ({"poll_interval_ms": 5}, "pollers.orders.poll_interval_ms"),
+        ({"poll_interval_ms": 0.5}, "pollers.orders.poll_interval_ms"),
     ],
 )
 def test_each_bad_value_names_its_key(changes: dict[str, object], key: str) -> None:
@@ -135,3 +140,14 @@ def test_max_delivery_count_defaults_to_the_transports_own() -> None:
     queue = parse_config(_data(transport="storage-queue"), settings).poller("orders")
     assert queue.deliveries == 5  # host.json maxDequeueCount
     assert parse_config(_data(max_delivery_count=3), settings).poller("orders").deliveries == 3
+
+
+def test_linger_is_off_by_default_and_the_lease_ttl_defaults_to_30_seconds() -> None:
+    data = _data()
+    del data["pollers"]["orders"]["lease_ttl_seconds"]  # type: ignore[index]
+    orders = parse_config(data, {"ORDERS_DB_URL": "sqlite://"}).poller("orders")
+    assert orders.linger_seconds == 0 and orders.poll_interval_ms == 250
+    assert orders.lease_ttl_seconds == 30 and orders.time_budget_seconds == 20
+    lingering = parse_config(_data(linger_seconds=4, poll_interval_ms=100), {"ORDERS_DB_URL": "sqlite://"})
+    assert lingering.poller("orders").linger_seconds == 4.0
+    assert lingering.poller("orders").poll_interval_ms == 100
