@@ -1,7 +1,7 @@
 """Commit-to-handler latency and host memory under ``dbfanout run`` (run by hand).
 
     python benchmarks/bench_latency.py latency [--rate 1000] [--seconds 60] [--linger 1 --poll-ms 50]
-                                               [--db sqlite|postgresql]
+                                               [--db sqlite|postgresql] [--wake notify]
     python benchmarks/bench_latency.py catchup [--rows 1000000] [--baseline DIR]
 
 Both run the real ``function_app.py`` under ``dbfanout run`` as a child process, against Azurite,
@@ -11,7 +11,8 @@ the project's Service Bus emulator and a SQLite source in WAL mode.
   stamped with its commit time; the poller runs every second (``*/1 * * * * *``). A handler
   records, per event, handler time minus commit time. Reports p50/p95/p99/max after a warm-up.
   ``--linger S`` sets ``linger_seconds`` (the tick polls every ``--poll-ms`` until 0.1 s before the
-  next second); ``--db postgresql`` uses a PostgreSQL schema of its own with ``xid_column``.
+  next second); ``--db postgresql`` uses a PostgreSQL schema of its own with ``xid_column``, and
+  ``--wake notify`` (with it) wakes the linger by LISTEN/NOTIFY instead of polling.
   Targets: p99 <= 2 s; with linger p50 <= 0.10 s, p99 <= 0.25 s (issue 23).
 * catchup: ``--rows`` rows (default 200k; 1000000 for the headline) exist before the host starts;
   the host drains them while its RSS (``/proc/<pid>/status`` VmRSS) is sampled. The emulator runs
@@ -44,7 +45,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,11 +152,20 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
         schema = unique_name("bench")
         source_url = pg_schema_url(PG_URL, schema)
         more += 'xid_column = "txid"\n'
+        if args.wake == "notify":
+            more += 'wake = "notify"\n'
     app, azurite, emulator_cm = _prepare(tmp, batch=500, more=more, source_url=source_url if schema else None)
     out = app.root / "latency.txt"
     os.environ["BENCH_OUT"] = str(out)
     engine = _create_pg_source(source_url) if schema else _create_source(app.root / "source.db")
-    print(f"db={args.db} linger={args.linger or 'off'} poll_interval_ms={args.poll_ms if args.linger else '-'}")
+    if schema and args.wake == "notify":
+        from dbfanout.ops.notify import create_notify_triggers
+        from shared.config import PollerConfig
+
+        probe = PollerConfig(name="orders", source_url=source_url, cursor="version", pk=("id",), queue="q")
+        create_notify_triggers(replace(probe, table="orders", wake="notify"))
+    poll_ms = args.poll_ms if args.linger else "-"
+    print(f"db={args.db} linger={args.linger or 'off'} poll_interval_ms={poll_ms} wake={args.wake}")
     host = HostProcess(app).start()
     stop = threading.Event()
     written = [0]
@@ -426,6 +436,7 @@ def main() -> None:
     lat.add_argument("--linger", type=float, default=0.0, help="the poller's linger_seconds (0: off)")
     lat.add_argument("--poll-ms", type=int, default=50, help="the poller's poll_interval_ms when lingering")
     lat.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite", help="postgresql: xid_column")
+    lat.add_argument("--wake", choices=("poll", "notify"), default="poll", help="notify: PostgreSQL, with --linger")
     cat = sub.add_parser("catchup")
     cat.add_argument("--rows", type=int, default=200_000, help="1000000 for the headline")
     cat.add_argument("--batch", type=int, default=1000, help="the poller's batch_size")

@@ -24,7 +24,7 @@ app = typer.Typer(
 app.add_typer(emulator_app, name="emulator", help="Start a local emulator (Service Bus).")
 
 
-COMMAND_MODULES = ("run", "demo", "validate", "status", "checkpoint", "dlq")
+COMMAND_MODULES = ("run", "demo", "validate", "status", "checkpoint", "dlq", "notify")
 
 
 def _register_commands() -> None:

@@ -20,6 +20,7 @@ from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
 from poller.sticky import StickyLease
 from poller.tick import TickResult, default_owner_id, run_tick
+from poller.wake import NotifyWaker
 from shared.claimcheck import open_claim_check
 from shared.closing import close_and_clear
 from shared.config import Config
@@ -53,6 +54,7 @@ class PollerRuntime:
         self.owner_id = owner_id or default_owner_id()
         self._lease: StickyLease | None = None
         self._stopping = threading.Event()
+        self._waker: NotifyWaker | None = None
         self._lock = threading.Lock()  # one tick at a time in this process
 
     @property
@@ -117,7 +119,15 @@ class PollerRuntime:
                 lease=self.lease,
                 next_occurrence=next_occurrence,
                 stop=self._stopping,
+                waker=self.waker,
             )
+
+    @property
+    def waker(self) -> NotifyWaker | None:
+        """The LISTEN connection of a ``wake = "notify"`` poller, kept across ticks."""
+        if self._waker is None and self.poller.wake == "notify":
+            self._waker = NotifyWaker(self.poller)
+        return self._waker
 
     def close(self) -> None:
         """Release the kept lease (another instance takes over at its next tick), then close."""
@@ -126,7 +136,7 @@ class PollerRuntime:
             lease, self._lease = self._lease, None
             if lease is not None:
                 lease.release()
-            for part in (self._sink, self._source):
+            for part in (self._sink, self._source, self._waker):
                 if part is not None:
                     part.close()
 

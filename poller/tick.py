@@ -40,6 +40,7 @@ from poller.lease import LeaseKeeper
 from poller.ports import Page, Sink, Source, StateStore
 from poller.prefetch import PageReader, Prefetcher, Sequential
 from poller.sticky import StickyLease
+from poller.wake import NotifyWaker
 from shared.config import PollerConfig
 from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
@@ -93,6 +94,7 @@ def run_tick(
     lease: StickyLease | None = None,
     next_occurrence: dt.datetime | None = None,
     stop: threading.Event | None = None,
+    waker: NotifyWaker | None = None,
 ) -> TickResult:
     """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing).
 
@@ -103,9 +105,13 @@ def run_tick(
     With ``linger_seconds`` set, a tick that caught up keeps polling (:meth:`Tick.linger`) until
     ``linger_seconds`` after its start or :data:`LINGER_MARGIN` before ``next_occurrence`` (the
     timer's next firing, when known), whichever comes first; ``stop`` cuts it short (shutdown).
+    With ``waker`` (``wake = "notify"``) the linger waits for a commit's notification instead of
+    polling; it listens before the tick's first fetch, so a commit in between is not missed.
     """
-    tick = Tick(poller, source, sink, clock, monotonic, stop=stop)
+    tick = Tick(poller, source, sink, clock, monotonic, stop=stop, waker=waker)
     linger_until = tick.linger_deadline(next_occurrence)
+    if linger_until is not None and waker is not None:
+        waker.listen()
     keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
     if keeper is None:
         return TickResult(poller.name, "lease_held")
@@ -149,9 +155,11 @@ class Tick:
         monotonic: Callable[[], float] = time.monotonic,
         *,
         stop: threading.Event | None = None,
+        waker: NotifyWaker | None = None,
     ) -> None:
         self.poller = poller
         self.stop = stop or threading.Event()
+        self.waker = waker
         self.name = poller.name
         self.source = source
         self.sink = sink
@@ -243,14 +251,26 @@ class Tick:
         interval, rows, batches, nulls = base, caught_up.rows, caught_up.batches, caught_up.skipped_null_cursors
         reason: StopReason = caught_up.stop_reason
         while (remaining := until - self.monotonic()) > 0:
-            if self.stop.wait(min(interval, remaining)):
-                break
+            if not self._wait(min(interval, remaining), remaining):
+                if self.stop.is_set():
+                    break
+                continue  # notify: nothing committed, so no query
             keeper.check()  # the renewer saw the lease go: stop before fetching for someone else
             result = self.drain(keeper)
             rows, batches = rows + result.rows, batches + result.batches
             nulls, reason = max(nulls, result.skipped_null_cursors), result.stop_reason
             interval = base if result.rows else min(interval * 2, base * IDLE_BACKOFF)
         return TickResult(self.name, reason, rows, batches, keeper.fencing_token, nulls)
+
+    def _wait(self, interval: float, remaining: float) -> bool:
+        """Wait before the next poll: True to poll now, False to skip it (stopped, or no notification).
+
+        Polling: the interval (or until stopped). Notify: until a commit notifies, in slices of at
+        most a second so a stop is seen; polls at the interval while the LISTEN connection is down.
+        """
+        if self.waker is None or not self.waker.ready:
+            return not self.stop.wait(interval)
+        return self.waker.wait(min(remaining, 1.0)) and not self.stop.is_set()
 
     def _reader(self, first: Position | None) -> PageReader:
         """Pages read one ahead on their own thread where the source allows it (keyset queries, no

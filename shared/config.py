@@ -44,6 +44,7 @@ Transport = Literal["servicebus", "storage-queue"]
 NullCursorPolicy = Literal["skip", "fail"]
 OversizePolicy = Literal["error", "claim-check"]
 SourceKind = Literal["keyset", "outbox", "pg_logical"]
+Wake = Literal["poll", "notify"]
 #: Keys that only mean something to a keyset (table/query) poller.
 _KEYSET_ONLY = ("query", "cursor", "pk", "soft_delete_column", "xid_column", "filter", "null_cursor", "cursor_timezone")
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -119,6 +120,9 @@ class PollerConfig:
     # occurrence; changes reach the queue without waiting for the next timer. 0: off.
     linger_seconds: float = 0.0
     poll_interval_ms: int = 250
+    # "notify" (PostgreSQL, with linger): a lingering tick waits on LISTEN instead of polling; a
+    # statement-level trigger on the poller's tables (validate --fix) calls pg_notify on commit.
+    wake: Wake = "poll"
     # Where changes come from: "keyset" (a table or query read in cursor order, the default) or
     # "outbox" (an outbox table the application writes, see shared.outbox; cursor and pk are its own).
     kind: SourceKind = "keyset"
@@ -361,6 +365,20 @@ def _linger(raw: Mapping[str, Any], prefix: str) -> float:
     return value
 
 
+def _wake(raw: Mapping[str, Any], prefix: str, source_url: str) -> Any:
+    """``wake``: "poll" (default) or "notify" (PostgreSQL tables only, and only with a linger)."""
+    wake = _choice(raw, prefix, "wake", "poll", ("poll", "notify"))
+    if wake == "poll":
+        return wake
+    if not (_num(raw, prefix, "linger_seconds", 0.0, 0.0) or 0.0):
+        raise ConfigError(f"{prefix}.wake", "wakes a lingering tick: set linger_seconds too", hint="linger_seconds = 4")
+    if source_url and not source_url.split(":", 1)[0].startswith("postgresql"):  # "": a missing setting
+        raise ConfigError(f"{prefix}.wake", '"notify" needs a PostgreSQL source (LISTEN/NOTIFY)')
+    if raw.get("query") is not None:
+        raise ConfigError(f"{prefix}.wake", '"notify" needs table (a trigger goes on it), not query')
+    return wake
+
+
 def _choice(raw: Mapping[str, Any], prefix: str, key: str, default: str, choices: tuple[str, ...]) -> Any:
     value = raw.get(key, default)
     if value not in choices:
@@ -427,9 +445,10 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         )
     max_bytes = _int(raw, prefix, "max_message_bytes", 256 * 1024, 16 * 1024, 100 * 1024 * 1024)
     missing = tuple(dict.fromkeys(n for n in _REF.findall(source_url) if n not in settings)) if lenient_settings else ()
+    expanded = "" if missing else expand_refs(source_url, settings, f"{prefix}.source_url")
     return PollerConfig(
         name=name,
-        source_url="" if missing else expand_refs(source_url, settings, f"{prefix}.source_url"),
+        source_url=expanded,
         missing_settings=missing,
         table=_str(raw, prefix, "table", None),
         query=_str(raw, prefix, "query", None),
@@ -459,6 +478,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         max_uncommitted_batches=_int(raw, prefix, "max_uncommitted_batches", 16, 1, 64),
         linger_seconds=_linger(raw, prefix),
         poll_interval_ms=_int(raw, prefix, "poll_interval_ms", 250, 10, 10_000),
+        wake=_wake(raw, prefix, expanded),
         kind=kind,
         outbox_retention_seconds=_num(raw, prefix, "outbox_retention_seconds", None, 0.0),
         tables=tuple(raw.get("tables", ())),

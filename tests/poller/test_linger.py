@@ -19,12 +19,14 @@ import pytest
 import sqlalchemy as sa
 from azure.functions.timer import TimerRequest
 
+from dbfanout.ops.notify import create_notify_triggers, drop_notify_triggers, missing_notify_triggers
 from poller.functions import next_occurrence
 from poller.source import SqlSource
 from poller.sources import open_source
 from poller.state_memory import MemoryStateStore
 from poller.sticky import StickyLease
 from poller.tick import LINGER_MARGIN, TickResult, run_tick
+from poller.wake import NotifyWaker, notify_trigger_name
 from shared.config import PollerConfig
 from tests.poller.outbox_support import Outbox, outbox_poller
 from tests.poller.pg_logical_support import logical_table
@@ -262,3 +264,47 @@ def test_the_timer_function_reads_the_next_occurrence_from_the_schedule_status()
     assert next_occurrence(naive) == dt.datetime(2026, 4, 7, 1, 23, 45, tzinfo=dt.UTC)
     assert next_occurrence(TimerRequest()) is None
     assert next_occurrence(TimerRequest(schedule_status={"Next": "soon"})) is None
+
+
+# --------------------------------------------------------------------------------------------
+# wake = "notify" (PostgreSQL)
+
+
+@pytest.mark.integration
+def test_notify_wakes_a_lingering_tick_at_a_commit_and_an_idle_linger_sends_no_query(pg_url: str) -> None:
+    # Given a keyset poller with wake = "notify", a poll interval far longer than the test's bounds,
+    # and its trigger created as validate --fix creates it
+    made = _keyset_xid(pg_url)
+    poller = replace(made.poller, wake="notify", poll_interval_ms=5000, linger_seconds=4.0)
+    assert create_notify_triggers(poller) == [f"trigger {notify_trigger_name(poller)} on {poller.table}"]
+    assert missing_notify_triggers(poller) == []
+    source, sink, store = open_source(poller), RecordingSink(), MemoryStateStore(poller.name)
+    waker = NotifyWaker(poller)
+    selects: list[float] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and str(poller.table) in statement:
+            selects.append(time.monotonic())
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", record)
+    try:
+        tick = Background(lambda: run_tick(poller, source, store, sink, owner_id="A", waker=waker))
+        wait_until(lambda: selects, 10, "the tick's first fetch")
+        # When it idles for a second, Then it sends no query (it waits on LISTEN)
+        idle_from = time.monotonic()
+        wait_until(lambda: time.monotonic() - idle_from > 1.0, 5, "an idle second")
+        assert [t for t in selects if t > idle_from] == []
+        # When a row commits, Then the same tick sends it at once (not after the 5 s interval)
+        made.write(1)
+        committed = time.monotonic()
+        wait_until(lambda: len(sink.accepted) == 1, 3, "the notified change")
+        assert time.monotonic() - committed < 1.0
+        assert tick.join(10).rows == 1
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", record)
+        waker.close()
+        source.close()
+        # And `dbfanout notify drop` removes the trigger again
+        assert drop_notify_triggers(poller) == [f"trigger {notify_trigger_name(poller)} on {poller.table}"]
+        assert missing_notify_triggers(poller) == [poller.table]
+        made.close()

@@ -72,6 +72,9 @@ def _data(**changes: object) -> dict[str, object]:
         ({"linger_seconds": "2"}, "pollers.orders.linger_seconds"),
         ({"poll_interval_ms": 5}, "pollers.orders.poll_interval_ms"),
         ({"poll_interval_ms": 0.5}, "pollers.orders.poll_interval_ms"),
+        ({"wake": "loud"}, "pollers.orders.wake"),
+        ({"wake": "notify"}, "pollers.orders.wake"),  # without a linger
+        ({"wake": "notify", "linger_seconds": 2}, "pollers.orders.wake"),  # not PostgreSQL (sqlite://)
     ],
 )
 def test_each_bad_value_names_its_key(changes: dict[str, object], key: str) -> None:
@@ -151,3 +154,10 @@ def test_linger_is_off_by_default_and_the_lease_ttl_defaults_to_30_seconds() -> 
     lingering = parse_config(_data(linger_seconds=4, poll_interval_ms=100), {"ORDERS_DB_URL": "sqlite://"})
     assert lingering.poller("orders").linger_seconds == 4.0
     assert lingering.poller("orders").poll_interval_ms == 100
+
+
+def test_wake_notify_goes_with_a_linger_on_a_postgresql_table() -> None:
+    data = _data(wake="notify", linger_seconds=2)
+    orders = parse_config(data, {"ORDERS_DB_URL": "postgresql+psycopg://u@h/db"}).poller("orders")
+    assert orders.wake == "notify"
+    assert parse_config(_data(), {"ORDERS_DB_URL": "sqlite://"}).poller("orders").wake == "poll"

@@ -4,6 +4,7 @@
 that starts with that method reaches the server in full, the proxy waits for the server's answer
 and then closes the client's connection without passing the answer on — the client sees a
 dropped connection for a write that was carried out (an ambiguous write, seed 002 §11).
+``requests`` counts the HTTP requests that went through (benchmarks count storage calls with it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import threading
 from contextlib import suppress
 
 __all__ = ["FaultProxy"]
+
+_METHODS = (b"GET ", b"PUT ", b"HEAD ", b"POST ", b"DELETE ", b"PATCH ", b"OPTIONS ")
 
 
 class FaultProxy:
@@ -29,6 +32,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._armed: bytes | None = None
         self.dropped = 0  # answers swallowed so far
+        self.requests = 0  # HTTP requests seen (a request's first bytes start a read)
         self._closed = threading.Event()
         threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
 
@@ -67,6 +71,9 @@ class FaultProxy:
                     if not data:
                         return
                     if sock is client:
+                        if data.startswith(_METHODS):
+                            with self._lock:
+                                self.requests += 1
                         doomed = doomed or self._take_arm(data)
                         server.sendall(data)
                     elif doomed:
