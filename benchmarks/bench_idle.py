@@ -1,6 +1,6 @@
 """What idle pollers cost: N pollers in one app under ``dbfanout run``, none finding a row (run by hand).
 
-    python benchmarks/bench_idle.py [--pollers 100] [--seconds 30] [--warmup 10] [--baseline DIR]
+    python benchmarks/bench_idle.py [--pollers 100] [--seconds 30] [--warmup 10] [--baseline DIR] [--profile DIR]
 
 Each poller reads its own empty PostgreSQL table every second (``*/1 * * * * *``); all send to one
 queue. The host runs as users run it (``python -m dbfanout.cli run``, log level WARNING) against
@@ -118,7 +118,11 @@ def run_once(label: str, code: Path, args: argparse.Namespace, tmp: Path) -> Res
             (app.root / "dbfanout.toml").write_text(f'[app]\nname = "{app.app_name}"\n{pollers}')
             env = {k: v for k, v in os.environ.items() if k not in app.settings}
             env.update(PYTHONPATH=str(code), PYTHONUNBUFFERED="1")
-            cmd = [sys.executable, "-m", "dbfanout.cli", "run", "--app-root", str(app.root)]
+            python = [sys.executable]
+            if args.profile is not None:  # a CPU-weighted sampler on every thread, written at exit
+                args.profile.mkdir(parents=True, exist_ok=True)
+                python += [str(Path(__file__).with_name("profiled.py")), str(args.profile / label)]
+            cmd = [*python, "-m", "dbfanout.cli", "run", "--app-root", str(app.root)]
             cmd += ["--log-level", args.log_level]
             with (app.root / "host.log").open("wb") as log:
                 host = subprocess.Popen(cmd, cwd=app.root, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -159,6 +163,7 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="another checkout, measured first with the same harness")
     parser.add_argument("--keep", action="store_true", help="keep the app folders (host.log)")
     parser.add_argument("--log-level", default="WARNING", help="the host's (INFO logs every tick)")
+    parser.add_argument("--profile", type=Path, help="write DIR/<code>.txt: a CPU profile of the host")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-idle-"))
     try:
