@@ -24,11 +24,17 @@ from poller.wake import NotifyWaker
 from shared.claimcheck import open_claim_check
 from shared.closing import close_and_clear
 from shared.config import Config
+from shared.logs import get_logger, ids
 from shared.servicebus import EntityKind, LazyServiceBusClient, QueueSender
 from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 
-__all__ = ["PollerRuntime", "Runtimes"]
+__all__ = ["CLOSE_WAIT_SECONDS", "PollerRuntime", "Runtimes"]
+
+log = get_logger("poller.runtime")
+
+#: How long closing a runtime waits for its running tick before closing without releasing the lease.
+CLOSE_WAIT_SECONDS = 15.0
 
 
 class PollerRuntime:
@@ -130,15 +136,26 @@ class PollerRuntime:
         return self._waker
 
     def close(self) -> None:
-        """Release the kept lease (another instance takes over at its next tick), then close."""
+        """Release the kept lease (another instance takes over at its next tick), then close.
+
+        Waits up to :data:`CLOSE_WAIT_SECONDS` for a running tick (it may still commit under the
+        lease); a tick stuck longer keeps the lease, which then lapses after its TTL.
+        """
         self._stopping.set()  # a lingering tick ends at its next poll instead of its deadline
-        with self._lock:  # after a running tick: it may still commit under the lease
+        idle = self._lock.acquire(timeout=CLOSE_WAIT_SECONDS)
+        try:
             lease, self._lease = self._lease, None
-            if lease is not None:
+            if lease is not None and idle:
                 lease.release()
+            elif lease is not None:
+                keys = ids(poller=self.poller.name)
+                log.warning("a tick is still running; its lease lapses after the TTL", extra=keys)
             for part in (self._sink, self._source, self._waker):
                 if part is not None:
                     part.close()
+        finally:
+            if idle:
+                self._lock.release()
 
 
 class Runtimes:
