@@ -136,6 +136,8 @@ def test_duplicate_detection_window_covers_ttl_interval_and_tick():
         name="p", source_url="sqlite://", cursor="v", pk=("id",), queue="q", table="t", lease_ttl_seconds=120
     )
     assert needed_window_seconds(cfg) == 120 + 5 + 80
+    lingering = replace(cfg, lease_ttl_seconds=30, linger_seconds=4.0)
+    assert needed_window_seconds(lingering) == 30 + 5 + 20 + 4
 
 
 def test_status_shows_checkpoint_lease_lag_and_queue_depth(workspace, bus):
