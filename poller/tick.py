@@ -110,11 +110,11 @@ def run_tick(
     """
     tick = Tick(poller, source, sink, clock, monotonic, stop=stop, waker=waker)
     linger_until = tick.linger_deadline(next_occurrence)
-    if linger_until is not None and waker is not None:
-        waker.listen()
     keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
     if keeper is None:
         return TickResult(poller.name, "lease_held")
+    if linger_until is not None and waker is not None:
+        waker.listen()  # before the first fetch: a commit in between still wakes the linger
     failed = True
     try:
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
