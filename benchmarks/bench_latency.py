@@ -1,7 +1,7 @@
 """Commit-to-handler latency and host memory under ``dbfanout run`` (run by hand).
 
     python benchmarks/bench_latency.py latency [--rate 1000] [--seconds 60] [--linger 1 --poll-ms 50]
-                                               [--db sqlite|postgresql] [--wake notify]
+                                               [--db sqlite|postgresql|pg_logical] [--wake notify]
     python benchmarks/bench_latency.py catchup [--rows 1000000] [--baseline DIR]
 
 Both run the real ``function_app.py`` under ``dbfanout run`` as a child process, against Azurite,
@@ -12,7 +12,8 @@ the project's Service Bus emulator and a SQLite source in WAL mode.
   records, per event, handler time minus commit time. Reports p50/p95/p99/max after a warm-up.
   ``--linger S`` sets ``linger_seconds`` (the tick polls every ``--poll-ms`` until 0.1 s before the
   next second); ``--db postgresql`` uses a PostgreSQL schema of its own with ``xid_column``, and
-  ``--wake notify`` (with it) wakes the linger by LISTEN/NOTIFY instead of polling.
+  ``--wake notify`` (with it) wakes the linger by LISTEN/NOTIFY instead of polling; ``--db
+  pg_logical`` reads a published table through a replication slot (wal_level = logical).
   Targets: p99 <= 2 s; with linger p50 <= 0.10 s, p99 <= 0.25 s (issue 23).
 * catchup: ``--rows`` rows (default 200k; 1000000 for the headline) exist before the host starts;
   the host drains them while its RSS (``/proc/<pid>/status`` VmRSS) is sampled. The emulator runs
@@ -142,10 +143,72 @@ def _create_pg_source(url: str) -> sa.Engine:
     return engine
 
 
+PG_LOGICAL = """
+[app]
+name = "{name}"
+
+[pollers.orders]
+kind = "pg_logical"
+source_url = "${{ORDERS_DB_URL}}"
+tables = ["{table}"]
+slot = "{table}"
+publication = "{table}"
+queue = "{queue}"
+schedule = "*/1 * * * * *"
+batch_size = 500
+lease_ttl_seconds = 60
+handler = "bench_handler:handle"
+{more}
+"""
+
+
+def _pg_logical_source(app: AppDir, more: str) -> tuple[sa.Engine, Any]:
+    """A published table with its slot (wal_level = logical); returns the engine and a cleanup."""
+    from poller.pg_logical import setup_sql
+    from shared.config import parse_config
+    from tests.support.databases import PG_URL, unique_name
+
+    table = unique_name("lglat")
+    queue = re.search(r'queue = "([^"]+)"', (app.root / "dbfanout.toml").read_text())
+    assert queue is not None
+    text = PG_LOGICAL.format(name=app.app_name, table=table, queue=queue.group(1), more=more)
+    (app.root / "dbfanout.toml").write_text(text)
+    engine = sa.create_engine(PG_URL)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT, committed_at FLOAT)"
+        )
+    import tomllib
+
+    config = parse_config(tomllib.loads(text), {"ORDERS_DB_URL": PG_URL}).pollers["orders"]
+    for statement in setup_sql(config):  # the slot in a transaction of its own
+        with engine.begin() as conn:
+            conn.exec_driver_sql(statement)
+    if config.wake == "notify":
+        from dbfanout.ops.notify import create_notify_triggers
+
+        create_notify_triggers(config)
+
+    def cleanup() -> None:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"SELECT pg_drop_replication_slot('{table}')")
+            conn.exec_driver_sql(f"DROP PUBLICATION IF EXISTS {table}")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+        engine.dispose()
+
+    return engine, (table, cleanup)
+
+
 def latency(args: argparse.Namespace, tmp: Path) -> None:
     more = f"linger_seconds = {args.linger}\npoll_interval_ms = {args.poll_ms}\n" if args.linger else ""
     schema = None
-    if args.db == "postgresql":
+    logical: Any = None
+    if args.db == "pg_logical":
+        from tests.support.databases import PG_URL
+
+        app, azurite, emulator_cm = _prepare(tmp, batch=500, source_url=PG_URL)
+        engine, logical = _pg_logical_source(app, more + ('wake = "notify"\n' if args.wake == "notify" else ""))
+    elif args.db == "postgresql":
         from tests.host.app_support import drop_pg_schema, pg_schema_url
         from tests.support.databases import PG_URL, unique_name
 
@@ -154,10 +217,12 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
         more += 'xid_column = "txid"\n'
         if args.wake == "notify":
             more += 'wake = "notify"\n'
-    app, azurite, emulator_cm = _prepare(tmp, batch=500, more=more, source_url=source_url if schema else None)
+    if logical is None:
+        app, azurite, emulator_cm = _prepare(tmp, batch=500, more=more, source_url=source_url if schema else None)
+        engine = _create_pg_source(source_url) if schema else _create_source(app.root / "source.db")
     out = app.root / "latency.txt"
     os.environ["BENCH_OUT"] = str(out)
-    engine = _create_pg_source(source_url) if schema else _create_source(app.root / "source.db")
+    table = logical[0] if logical else "orders"
     if schema and args.wake == "notify":
         from dbfanout.ops.notify import create_notify_triggers
         from shared.config import PollerConfig
@@ -178,7 +243,7 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
                 base = written[0]
                 now = time.time()
                 conn.execute(
-                    sa.text("INSERT INTO orders (id, version, v, committed_at) VALUES (:i, :i, 'x', :t)"),
+                    sa.text(f"INSERT INTO {table} (id, version, v, committed_at) VALUES (:i, :i, 'x', :t)"),
                     [{"i": base + k + 1, "t": now} for k in range(per_txn)],
                 )
             written[0] += per_txn
@@ -207,6 +272,8 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
         engine.dispose()
         if schema:
             drop_pg_schema(PG_URL, schema)
+        if logical:
+            logical[1]()
 
 
 def _rss_mb(pid: int) -> float:
@@ -435,7 +502,9 @@ def main() -> None:
     lat.add_argument("--warmup", type=float, default=0.1, help="fraction of the first events not measured")
     lat.add_argument("--linger", type=float, default=0.0, help="the poller's linger_seconds (0: off)")
     lat.add_argument("--poll-ms", type=int, default=50, help="the poller's poll_interval_ms when lingering")
-    lat.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite", help="postgresql: xid_column")
+    lat.add_argument(
+        "--db", choices=("sqlite", "postgresql", "pg_logical"), default="sqlite", help="postgresql: xid_column"
+    )
     lat.add_argument("--wake", choices=("poll", "notify"), default="poll", help="notify: PostgreSQL, with --linger")
     cat = sub.add_parser("catchup")
     cat.add_argument("--rows", type=int, default=200_000, help="1000000 for the headline")
