@@ -131,7 +131,8 @@ def test_a_linger_ends_before_the_next_timer_occurrence(table: SourceTable) -> N
     # Then it lingered (it did not return at once) and ended before the occurrence, with the margin
     assert result.stop_reason == "caught_up"
     assert took > 1.0
-    assert ended_at < next_occurrence - dt.timedelta(seconds=LINGER_MARGIN / 2)
+    assert ended_at < next_occurrence  # it aims LINGER_MARGIN earlier; one last poll may run past that
+    assert ended_at > next_occurrence - dt.timedelta(seconds=LINGER_MARGIN + 0.3)  # and used the time it had
 
 
 def test_an_idle_linger_backs_off_and_snaps_back_when_rows_appear(table: SourceTable, queries: list[float]) -> None:
@@ -153,7 +154,7 @@ def test_an_idle_linger_backs_off_and_snaps_back_when_rows_appear(table: SourceT
     # And the poll after the one that found the row came one base interval later, not a backed-off one
     found = max(i for i, q in enumerate(queries) if q <= sent_at[0])
     assert found + 1 < len(queries), "no poll after the row"
-    assert queries[found + 1] - queries[found] < 0.12, gaps
+    assert queries[found + 1] - queries[found] < 0.15, gaps  # 50 ms and the row's send, not 200 ms
 
 
 def test_the_background_renewal_keeps_the_lease_through_a_linger_longer_than_the_ttl(table: SourceTable) -> None:
