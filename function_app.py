@@ -9,6 +9,7 @@ Importing this module reads the config and opens no connection.
 # ruff: noqa: E402  -- the app's imports must follow _own_packages_first()
 from __future__ import annotations
 
+import atexit
 import sys
 from pathlib import Path
 
@@ -59,7 +60,17 @@ app.register_functions(worker_blueprint(config, _worker_app))
 
 
 def shutdown() -> None:
-    """Close database engines, senders and clients (``dbfanout run`` calls it on a graceful stop)."""
+    """Release the pollers' kept leases, close engines, senders and clients (idempotent).
+
+    ``dbfanout run`` calls it on a graceful stop. The Azure Functions Python worker (4.x) offers
+    the app no shutdown callback: it has no handler for the host's WorkerTerminate message and
+    installs no signal handler, so ``atexit`` (registered below) runs only when its interpreter
+    exits normally. A worker the host kills runs nothing: its leases lapse after
+    ``lease_ttl_seconds`` (docs/operations.md, sticky leases).
+    """
     _runtimes.close()
     _worker_app.close()
     shutdown_telemetry()  # flush what an SDK exporter still holds
+
+
+atexit.register(shutdown)

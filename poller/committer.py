@@ -58,9 +58,8 @@ class Committer(Generic[T]):
         self._error: BaseException | None = None
         self._closing = False
         self._thread: threading.Thread | None = None
-        if max_uncommitted > 1:
-            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-            self._thread.start()
+        self._threaded = max_uncommitted > 1
+        self._name = name
 
     @property
     def landed(self) -> Landed:
@@ -80,12 +79,15 @@ class Committer(Generic[T]):
 
     def submit(self, item: T, rows: int) -> None:
         """Hand over the write for a page the sink accepted (positions only move forward)."""
-        if self._thread is None:
+        if not self._threaded:
             self._last = item
             self._commit(item)  # inline: the error propagates from here
             self._landed = Landed(self._landed.rows + rows, self._landed.batches + 1)
             self._submitted += 1
             return
+        if self._thread is None:  # started by the first page: a tick that sends nothing starts no thread
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
         with self._cond:
             self._raise_error()
             self._last = item

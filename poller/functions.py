@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from shared.logs import get_logger, ids
 from shared.scrub import scrubbed_errors
 from shared.telemetry import metrics
 
-__all__ = ["poller_blueprint", "timer_function_name"]
+__all__ = ["next_occurrence", "poller_blueprint", "timer_function_name"]
 
 log = get_logger("poller.functions")
 
@@ -39,11 +40,24 @@ def poller_blueprint(config: Config, runtimes: Runtimes | None = None) -> func.B
     return bp
 
 
+def next_occurrence(timer: func.TimerRequest) -> dt.datetime | None:
+    """The timer's next firing from its schedule status (``use_monitor``), or None when unknown."""
+    status = getattr(timer, "schedule_status", None)
+    value = status.get("Next") if isinstance(status, dict) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
+
+
 def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], None]:
     def tick(timer: func.TimerRequest) -> None:
         # A timer function must return None: the Python worker rejects other values.
         with scrubbed_errors():  # the host logs what leaves a function verbatim
-            result = runtimes.get(poller).tick()
+            result = runtimes.get(poller).tick(next_occurrence(timer))
         if result.stop_reason in _RAN:  # this instance ran the tick to its end: the poller is alive
             metrics.last_success_timestamp.record(time.time(), {"poller": poller})
         log.info(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -77,8 +78,11 @@ def acquired(
     """The document that makes ``owner_id`` the holder, or None when the lease is still held.
 
     A new document starts at fencing token 1; a lapsed (or released) lease is taken with the
-    token bumped by one. A document written for another source definition is never taken:
-    FingerprintMismatchError (seed 002 §9: reject execution until an explicit reset).
+    token bumped by one. A live lease that already names ``owner_id`` is ours (an earlier
+    acquire or heartbeat landed although its answer was lost): it is renewed with its token
+    kept, since no one else can have written under it. A document written for another source
+    definition is never taken: FingerprintMismatchError (seed 002 §9: reject execution until an
+    explicit reset).
     """
     if current is None:
         return StateDoc(
@@ -91,8 +95,12 @@ def acquired(
             f"poller {poller_name!r}: the state blob was written for source {current.source_fingerprint!r}, "
             f"this poller's source is {fingerprint!r}"
         )
-    if not current.lease.is_free(now, skew_margin):
-        return None
+    lease = current.lease
+    if not lease.is_free(now, skew_margin):
+        if lease.owner_id != owner_id:
+            return None
+        # Owner ids carry a per-process nonce, so this is our own hold: adopt its token.
+        return current.with_lease(replace(lease, heartbeat_at=now, expires_at=now + ttl))
     token = current.lease.fencing_token + 1
     return current.with_lease(Lease(owner_id, token, acquired_at=now, heartbeat_at=now, expires_at=now + ttl))
 
@@ -146,10 +154,15 @@ class LeaseKeeper:
 
     * Three threads share a keeper: the *tick* (acquire, send, release; inline commits), the
       *committer* (commits and their W5 resolution when ``max_uncommitted_batches`` > 1) and the
-      *renewer* (:meth:`heartbeat_if_due`).
+      *renewer* (:meth:`heartbeat_if_due`; the process's one renewer thread serves every running
+      tick's keeper, see :class:`_Renewals`).
     * One lock, the keeper's, guards the snapshot and the three flags below, and is held across
-      every store call, so a heartbeat and a commit never race for the same ETag (a heartbeat may
-      wait for a commit's request, at most the store's request timeout, and vice versa).
+      every store call, so a heartbeat and a commit never race for the same ETag (a tick's own
+      heartbeat may wait for a commit's request, at most the store's request timeout, and vice
+      versa; the background renewer never waits: it skips a keeper whose lock is held, since the
+      commit holding it extends the lease).
+    * The renewer also takes the :class:`_Renewals` condition, never while holding a keeper's lock
+      (it renews outside it), and a keeper's lock is never held while waiting on that condition.
     * The committer's condition guards only its own queue (pending, landed, error, closing); it
       is never held while a commit runs, so the two locks never nest and cannot deadlock.
     * The flags are set under the lock and every path checks them in one order, in
@@ -199,6 +212,12 @@ class LeaseKeeper:
         """The LostLeaseError seen by a heartbeat or commit, if any."""
         with self._lock:
             return self._lost
+
+    @property
+    def settled(self) -> bool:
+        """True while the snapshot is certain: the lease is not lost and no commit is in doubt."""
+        with self._lock:
+            return self._lost is None and not self._ambiguous
 
     def _ids(self, **more: object) -> dict[str, object]:
         doc = self._snap.doc
@@ -250,26 +269,35 @@ class LeaseKeeper:
                 raise
             return self._snap
 
-    def heartbeat_if_due(self) -> bool:
+    def heartbeat_if_due(self, *, blocking: bool = True) -> bool:
         """Extend the lease when less than a third of the TTL remains. True when a write went out.
 
+        ``blocking=False``: skip (False) when a commit holds the keeper; it extends the lease itself.
         Raises LostLeaseError (stored for the next commit) or StateUnavailableError.
         """
-        with self._lock:
-            if not self._ready("heartbeat"):
-                return False
-            expires_at = self._snap.doc.lease.expires_at
-            if expires_at is not None and expires_at - self._clock() > self._ttl / 3:
-                return False
-            try:
-                self._snap = self._store.heartbeat(self._snap, self._ttl)
-            except LostLeaseError as exc:
-                self._lost = exc
-                raise
-            except StateUnavailableError:
-                self._doubtful = True  # a timed-out write may still have landed
-                raise
-            return True
+        if not self._lock.acquire(blocking=blocking):
+            return False
+        try:
+            return self._heartbeat_if_due_locked()
+        finally:
+            self._lock.release()
+
+    def _heartbeat_if_due_locked(self) -> bool:
+        """The body of :meth:`heartbeat_if_due`, under the keeper's lock."""
+        if not self._ready("heartbeat"):
+            return False
+        expires_at = self._snap.doc.lease.expires_at
+        if expires_at is not None and expires_at - self._clock() > self._ttl / 3:
+            return False
+        try:
+            self._snap = self._store.heartbeat(self._snap, self._ttl)
+        except LostLeaseError as exc:
+            self._lost = exc
+            raise
+        except StateUnavailableError:
+            self._doubtful = True  # a timed-out write may still have landed
+            raise
+        return True
 
     def _reconcile_if_doubtful(self) -> None:
         """After a heartbeat of unknown outcome: adopt the stored ETag if the lease is still ours."""
@@ -333,29 +361,86 @@ class LeaseKeeper:
     def renewing_in_background(self, interval: float | None = None) -> Iterator[LeaseKeeper]:
         """Run ``heartbeat_if_due`` every ``interval`` seconds (default TTL/6) while the body runs.
 
-        A lost lease is stored (the next ``commit``/``check`` raises it) and ends the renewer;
-        transient failures are logged and retried on the next interval.
+        A lost lease is stored (the next ``commit``/``check`` raises it) and ends the renewal;
+        transient failures are logged and retried on the next interval. The renewals run on the
+        process's one renewer thread (:class:`_Renewals`), not on a thread per tick.
         """
         period = interval if interval is not None else self._ttl.total_seconds() / 6
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._renew_loop, args=(stop, period), name=f"lease-renewer-{self._store.poller_name}", daemon=True
-        )
-        thread.start()
+        _RENEWALS.add(self, period)
         try:
             yield self
         finally:
-            stop.set()
-            thread.join(timeout=max(period, 1.0))
+            _RENEWALS.remove(self)  # returns once no heartbeat of this keeper is running
 
-    def _renew_loop(self, stop: threading.Event, period: float) -> None:
-        while not stop.wait(period):
+    def renew_once(self) -> bool:
+        """One background renewal (never raises). False when the lease is lost: stop renewing it."""
+        try:
+            self.heartbeat_if_due(blocking=False)
+        except LostLeaseError:
+            log.warning("lease lost during the tick; the batch will not be committed", extra=self._ids(window="W4"))
+            return False
+        except DbFanoutError as exc:
+            log.warning("heartbeat failed; retrying", extra=self._ids(error=str(exc)))
+        except Exception as exc:  # a renewer must not die silently on an unexpected error
+            log.exception("heartbeat crashed; retrying", extra=self._ids(error=repr(exc)))
+        return True
+
+
+class _Renewals:
+    """One daemon thread renews the keepers of every running tick of the process (R11).
+
+    A tick registers its keeper for its duration (:meth:`LeaseKeeper.renewing_in_background`);
+    the thread calls :meth:`LeaseKeeper.renew_once` on each keeper every ``interval``. A keeper
+    whose commit is in flight is skipped for that round (the commit extends the lease). A thread
+    started and joined per tick cost about a fifth of an idle tick's CPU (BENCHMARKS.md, issue 23).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[LeaseKeeper, tuple[float, float]] = {}  # keeper -> (interval, next renewal)
+        self._running: LeaseKeeper | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, keeper: LeaseKeeper, interval: float) -> None:
+        with self._cond:
+            self._due[keeper] = (interval, time.monotonic() + interval)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def remove(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            self._due.pop(keeper, None)
+            while self._running is keeper:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                keeper = self._next_due()
+                self._running = keeper
             try:
-                self.heartbeat_if_due()
-            except LostLeaseError:
-                log.warning("lease lost during the tick; the batch will not be committed", extra=self._ids(window="W4"))
-                return
-            except DbFanoutError as exc:
-                log.warning("heartbeat failed; retrying", extra=self._ids(error=str(exc)))
-            except Exception as exc:  # a renewer must not die silently on an unexpected error
-                log.exception("heartbeat crashed; retrying", extra=self._ids(error=repr(exc)))
+                keep = keeper.renew_once()
+            finally:
+                with self._cond:
+                    if not keep:
+                        self._due.pop(keeper, None)
+                    self._running = None
+                    self._cond.notify_all()
+
+    def _next_due(self) -> LeaseKeeper:
+        """Under the condition: wait for the keeper due first, and schedule its next renewal."""
+        while True:
+            if not self._due:
+                self._cond.wait()
+                continue
+            keeper, (interval, due) = min(self._due.items(), key=lambda item: item[1][1])
+            wait = due - time.monotonic()
+            if wait <= 0:
+                self._due[keeper] = (interval, time.monotonic() + interval)
+                return keeper
+            self._cond.wait(wait)
+
+
+_RENEWALS = _Renewals()

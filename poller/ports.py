@@ -38,7 +38,8 @@ class StateStore(Protocol):
         """Take the lease when free or lapsed (past the skew margin); bump the fencing token.
 
         Returns None when someone else holds it or won the race: a lost race is an outcome,
-        not an error. Creates the blob (If-None-Match: *) on first use.
+        not an error. A live lease that names ``owner_id`` is ours (an earlier write whose answer
+        was lost): renewed, token kept. Creates the blob (If-None-Match: *) on first use.
         """
         ...
 

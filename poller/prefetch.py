@@ -46,6 +46,9 @@ class Sequential(PageReader):
 class Prefetcher(PageReader):
     """Reads up to ``max_pages`` pages on its own thread, one page ahead of the taker.
 
+    The first page is read on the taker's thread; the thread starts only when that page is full
+    (more may follow), so a tick that finds little or nothing costs no thread.
+
     It stops after a short page (caught up), as the tick does. A fetch error is raised by the
     :meth:`next` that would have returned that page.
     """
@@ -63,14 +66,19 @@ class Prefetcher(PageReader):
         self._fetch, self._first, self._limit, self._max_pages, self._pinned = fetch, first, limit, max_pages, pinned
         self._pages: queue.Queue[Page | BaseException] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"prefetch-{name}", daemon=True)
+        self._name = name
+        self._thread: threading.Thread | None = None
+        self._started = False  # the first page is read by the taker; the thread reads the rest
+
+    def _start(self, after: Position | None) -> None:
+        self._thread = threading.Thread(target=self._run, args=(after,), name=f"prefetch-{self._name}", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, after: Position | None) -> None:
         try:
             with self._pinned():  # one pooled connection for the tick, on this thread
-                position = self._first
-                for _ in range(self._max_pages):
+                position = after
+                for _ in range(self._max_pages - 1):
                     if self._stop.is_set():
                         return
                     page = self._fetch(position)
@@ -90,7 +98,16 @@ class Prefetcher(PageReader):
         return False
 
     def next(self) -> Page:
+        if not self._started:
+            # The first page on the taker's thread: an idle tick (a short first page) starts no thread.
+            self._started = True
+            page = self._fetch(self._first)
+            if len(page) >= self._limit and self._max_pages > 1:
+                self._start(page.last)
+            return page
         while True:
+            if self._thread is None:
+                raise RuntimeError("the page reader stopped before the tick asked for its last page")
             try:
                 item = self._pages.get(timeout=0.5)
             except queue.Empty:
@@ -103,4 +120,5 @@ class Prefetcher(PageReader):
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,11 +1,13 @@
 """Everything one poller keeps across ticks: a pooled engine, its state store and its sender.
 
 Built lazily on the first tick (``function_app.py`` indexing must open no connections) and
-reused afterwards: opening a Service Bus sender costs about a second.
+reused afterwards: opening a Service Bus sender costs about a second. The poller's lease is kept
+between ticks too (:mod:`poller.sticky`) and released by :meth:`PollerRuntime.close`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Callable
 
@@ -16,15 +18,23 @@ from poller.sink_queue import ClaimCheckHook
 from poller.sink_servicebus import ServiceBusSink
 from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
+from poller.sticky import StickyLease
 from poller.tick import TickResult, default_owner_id, run_tick
+from poller.wake import NotifyWaker
 from shared.claimcheck import open_claim_check
 from shared.closing import close_and_clear
 from shared.config import Config
+from shared.logs import get_logger, ids
 from shared.servicebus import EntityKind, LazyServiceBusClient, QueueSender
 from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 
-__all__ = ["PollerRuntime", "Runtimes"]
+__all__ = ["CLOSE_WAIT_SECONDS", "PollerRuntime", "Runtimes"]
+
+log = get_logger("poller.runtime")
+
+#: How long closing a runtime waits for its running tick before closing without releasing the lease.
+CLOSE_WAIT_SECONDS = 15.0
 
 
 class PollerRuntime:
@@ -48,6 +58,9 @@ class PollerRuntime:
         self._sink = sink
         self._bus = bus
         self.owner_id = owner_id or default_owner_id()
+        self._lease: StickyLease | None = None
+        self._stopping = threading.Event()
+        self._waker: NotifyWaker | None = None
         self._lock = threading.Lock()  # one tick at a time in this process
 
     @property
@@ -91,15 +104,58 @@ class PollerRuntime:
             return None
         return open_claim_check(self.config).offload
 
-    def tick(self) -> TickResult:
+    @property
+    def lease(self) -> StickyLease:
+        """The lease this process keeps between ticks (:mod:`poller.sticky`)."""
+        if self._lease is None:
+            ttl = dt.timedelta(seconds=self.poller.lease_ttl_seconds)
+            self._lease = StickyLease(self.store, self.owner_id, ttl, self.source.fingerprint)
+        return self._lease
+
+    def tick(self, next_occurrence: dt.datetime | None = None) -> TickResult:
+        """One tick; ``next_occurrence`` (the timer's next firing) bounds a lingering tick."""
         self.poller.require_settings()  # a poller missing its settings fails here, alone
         with self._lock:
-            return run_tick(self.poller, self.source, self.store, self.sink, owner_id=self.owner_id)
+            return run_tick(
+                self.poller,
+                self.source,
+                self.store,
+                self.sink,
+                owner_id=self.owner_id,
+                lease=self.lease,
+                next_occurrence=next_occurrence,
+                stop=self._stopping,
+                waker=self.waker,
+            )
+
+    @property
+    def waker(self) -> NotifyWaker | None:
+        """The LISTEN connection of a ``wake = "notify"`` poller, kept across ticks."""
+        if self._waker is None and self.poller.wake == "notify":
+            self._waker = NotifyWaker(self.poller)
+        return self._waker
 
     def close(self) -> None:
-        for part in (self._sink, self._source):
-            if part is not None:
-                part.close()
+        """Release the kept lease (another instance takes over at its next tick), then close.
+
+        Waits up to :data:`CLOSE_WAIT_SECONDS` for a running tick (it may still commit under the
+        lease); a tick stuck longer keeps the lease, which then lapses after its TTL.
+        """
+        self._stopping.set()  # a lingering tick ends at its next poll instead of its deadline
+        idle = self._lock.acquire(timeout=CLOSE_WAIT_SECONDS)
+        try:
+            lease, self._lease = self._lease, None
+            if lease is not None and idle:
+                lease.release()
+            elif lease is not None:
+                keys = ids(poller=self.poller.name)
+                log.warning("a tick is still running; its lease lapses after the TTL", extra=keys)
+            for part in (self._sink, self._source, self._waker):
+                if part is not None:
+                    part.close()
+        finally:
+            if idle:
+                self._lock.release()
 
 
 class Runtimes:

@@ -1,10 +1,12 @@
 """One timer tick: the poller's lifecycle, in the order seed 001 §2 gives it.
 
 **acquire** the lease (one CAS; the same read loads the checkpoint and refuses a foreign source
-fingerprint) → up to ``max_batches_per_tick`` pages within the time budget: **fetch** →
+fingerprint; a process that kept its lease from the last tick reuses it, :mod:`poller.sticky`)
+→ up to ``max_batches_per_tick`` pages within the time budget: **fetch** →
 **send** → **commit** (only after the sink accepted every message; the write also extends the
 lease) → **acknowledge** (the source's housekeeping once the tick's last write landed) →
-**release**. :class:`Tick` has one method per step, in that order.
+**release** (unless the lease is kept for the next tick). :class:`Tick` has one method per
+step, in that order.
 
 Commits run through :class:`~poller.committer.Committer`: with ``max_uncommitted_batches`` > 1
 the next page is fetched and sent while the previous commit is in flight, and one write covers
@@ -23,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,17 +39,25 @@ from poller.events import page_batch
 from poller.lease import LeaseKeeper
 from poller.ports import Page, Sink, Source, StateStore
 from poller.prefetch import PageReader, Prefetcher, Sequential
+from poller.sticky import StickyLease
+from poller.wake import NotifyWaker
 from shared.config import PollerConfig
 from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
 from shared.models import Batch, Checkpoint, Position
 from shared.telemetry import metrics
 
-__all__ = ["Tick", "TickResult", "default_owner_id", "run_tick"]
+__all__ = ["IDLE_BACKOFF", "LINGER_MARGIN", "Tick", "TickResult", "default_owner_id", "run_tick"]
 
 log = get_logger("poller.tick")
 
 StopReason = Literal["caught_up", "max_batches", "time_budget", "lease_held", "lease_lost"]
+
+#: A lingering tick ends this long before the timer's next occurrence (seconds): a timer whose
+#: function still runs when it is due skips that occurrence.
+LINGER_MARGIN = 0.1
+#: An idle linger polls at most this many times less often than ``poll_interval_ms``.
+IDLE_BACKOFF = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,27 +91,55 @@ def run_tick(
     owner_id: str | None = None,
     clock: Callable[[], dt.datetime] = _utcnow,
     monotonic: Callable[[], float] = time.monotonic,
+    lease: StickyLease | None = None,
+    next_occurrence: dt.datetime | None = None,
+    stop: threading.Event | None = None,
+    waker: NotifyWaker | None = None,
 ) -> TickResult:
-    """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing)."""
-    tick = Tick(poller, source, sink, clock, monotonic)
-    keeper = tick.acquire(store, owner_id or default_owner_id())
+    """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing).
+
+    With ``lease`` (the process's :class:`~poller.sticky.StickyLease` for this poller) the lease
+    and its snapshot are kept for the next tick instead of being released: a tick that finds
+    nothing costs no storage request. Without it the tick acquires and releases its own lease.
+
+    With ``linger_seconds`` set, a tick that caught up keeps polling (:meth:`Tick.linger`) until
+    ``linger_seconds`` after its start or :data:`LINGER_MARGIN` before ``next_occurrence`` (the
+    timer's next firing, when known), whichever comes first; ``stop`` cuts it short (shutdown).
+    With ``waker`` (``wake = "notify"``) the linger waits for a commit's notification instead of
+    polling; it listens before the tick's first fetch, so a commit in between is not missed.
+    """
+    tick = Tick(poller, source, sink, clock, monotonic, stop=stop, waker=waker)
+    linger_until = tick.linger_deadline(next_occurrence)
+    keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
     if keeper is None:
         return TickResult(poller.name, "lease_held")
+    if linger_until is not None and waker is not None:
+        waker.listen()  # before the first fetch: a commit in between still wakes the linger
+    failed = True
     try:
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
             result = tick.drain(keeper)
+            if linger_until is not None and result.stop_reason == "caught_up":
+                result = tick.linger(keeper, result, linger_until)
         tick.acknowledge(keeper.checkpoint)
+        failed = False
         return result
     except LostLeaseError:
+        failed = False  # nothing to release: the lease is someone else's
         log.warning(
             "lease lost mid-tick; the new owner re-sends the batch",
             extra=ids(poller=poller.name, window="W4", fencing_token=keeper.fencing_token),
         )
         return TickResult(poller.name, "lease_lost", fencing_token=keeper.fencing_token)
     finally:
-        tick.release(keeper)
+        if lease is None:
+            tick.release(keeper)
+        elif failed:
+            lease.drop(keeper)  # a failed tick lets another instance try (and the next one reloads)
+        else:
+            lease.keep(keeper)
 
 
 class Tick:
@@ -114,8 +153,13 @@ class Tick:
         sink: Sink,
         clock: Callable[[], dt.datetime] = _utcnow,
         monotonic: Callable[[], float] = time.monotonic,
+        *,
+        stop: threading.Event | None = None,
+        waker: NotifyWaker | None = None,
     ) -> None:
         self.poller = poller
+        self.stop = stop or threading.Event()
+        self.waker = waker
         self.name = poller.name
         self.source = source
         self.sink = sink
@@ -136,6 +180,15 @@ class Tick:
             log.debug("lease held elsewhere; skipping tick", extra=ids(poller=self.name))
             return None
         return LeaseKeeper(store, snap, ttl, clock=self.clock)
+
+    def take(self, lease: StickyLease) -> LeaseKeeper | None:
+        """The kept lease (no storage request while it has time left), or a fresh acquire."""
+        log.debug("tick started", extra=ids(poller=self.name))
+        with _stage("acquire", self.name):
+            keeper = lease.take()
+        if keeper is None:
+            log.debug("lease held elsewhere; skipping tick", extra=ids(poller=self.name))
+        return keeper
 
     def drain(self, keeper: LeaseKeeper) -> TickResult:
         """Fetch, send and commit pages until caught up, out of pages or out of time."""
@@ -176,6 +229,48 @@ class Tick:
             pages.close()
             committer.close()
         return TickResult(self.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
+
+    def linger_deadline(self, next_occurrence: dt.datetime | None) -> float | None:
+        """When a lingering tick must end (on ``monotonic``), or None when it must not linger."""
+        budget = self.poller.linger_seconds
+        if budget <= 0:
+            return None
+        if next_occurrence is not None:  # end before the timer fires again, or it skips a firing
+            budget = min(budget, (next_occurrence - self.clock()).total_seconds() - LINGER_MARGIN)
+        return self.monotonic() + budget if budget > 0 else None
+
+    def linger(self, keeper: LeaseKeeper, caught_up: TickResult, until: float) -> TickResult:
+        """After catching up: poll again until ``until``, sending what appears (opt-in linger).
+
+        Polls every ``poll_interval_ms``, doubling the wait after each empty poll up to
+        :data:`IDLE_BACKOFF` times it, and back to it as soon as a poll finds rows. Each poll is a
+        :meth:`drain` under the same lease (commits as usual; the background renewer keeps the
+        lease alive). Ends early on ``stop`` or a lost lease (raised, like a drain's).
+        """
+        base = self.poller.poll_interval_ms / 1000
+        interval, rows, batches, nulls = base, caught_up.rows, caught_up.batches, caught_up.skipped_null_cursors
+        reason: StopReason = caught_up.stop_reason
+        while (remaining := until - self.monotonic()) > 0:
+            if not self._wait(min(interval, remaining), remaining):
+                if self.stop.is_set():
+                    break
+                continue  # notify: nothing committed, so no query
+            keeper.check()  # the renewer saw the lease go: stop before fetching for someone else
+            result = self.drain(keeper)
+            rows, batches = rows + result.rows, batches + result.batches
+            nulls, reason = max(nulls, result.skipped_null_cursors), result.stop_reason
+            interval = base if result.rows else min(interval * 2, base * IDLE_BACKOFF)
+        return TickResult(self.name, reason, rows, batches, keeper.fencing_token, nulls)
+
+    def _wait(self, interval: float, remaining: float) -> bool:
+        """Wait before the next poll: True to poll now, False to skip it (stopped, or no notification).
+
+        Polling: the interval (or until stopped). Notify: until a commit notifies, in slices of at
+        most a second so a stop is seen; polls at the interval while the LISTEN connection is down.
+        """
+        if self.waker is None or not self.waker.ready:
+            return not self.stop.wait(interval)
+        return self.waker.wait(min(remaining, 1.0)) and not self.stop.is_set()
 
     def _reader(self, first: Position | None) -> PageReader:
         """Pages read one ahead on their own thread where the source allows it (keyset queries, no

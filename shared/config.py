@@ -30,6 +30,9 @@ __all__ = [
 
 CONFIG_SETTING = "DBFANOUT_CONFIG"
 DEFAULT_CONFIG_NAME = "dbfanout.toml"
+#: A process keeps its poller's lease between ticks (poller/sticky.py) and renews it when a third
+#: is left: one write per 20 s at 30 s, and a crashed owner's poller resumes within ~35 s.
+DEFAULT_LEASE_TTL_SECONDS = 30
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -41,6 +44,7 @@ Transport = Literal["servicebus", "storage-queue"]
 NullCursorPolicy = Literal["skip", "fail"]
 OversizePolicy = Literal["error", "claim-check"]
 SourceKind = Literal["keyset", "outbox", "pg_logical"]
+Wake = Literal["poll", "notify"]
 #: Keys that only mean something to a keyset (table/query) poller.
 _KEYSET_ONLY = ("query", "cursor", "pk", "soft_delete_column", "xid_column", "filter", "null_cursor", "cursor_timezone")
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -89,7 +93,7 @@ class PollerConfig:
     schedule: str = "*/5 * * * * *"
     batch_size: int = 500
     max_batches_per_tick: int = 20
-    lease_ttl_seconds: int = 120
+    lease_ttl_seconds: int = DEFAULT_LEASE_TTL_SECONDS
     settle_seconds: float = 2.0
     soft_delete_column: str | None = None
     handler: str | None = None
@@ -113,6 +117,14 @@ class PollerConfig:
     # Batches sent ahead of the last landed checkpoint write (group commit); 1 = commit each batch
     # before the next is fetched, the brief's strict order. Duplicates after a crash: at most this many.
     max_uncommitted_batches: int = 16
+    # Linger (opt-in): after catching up, a tick keeps polling the source every poll_interval_ms
+    # (backing off to 4x while idle) for up to linger_seconds, ending before the next timer
+    # occurrence; changes reach the queue without waiting for the next timer. 0: off.
+    linger_seconds: float = 0.0
+    poll_interval_ms: int = 250
+    # "notify" (PostgreSQL, with linger): a lingering tick waits on LISTEN instead of polling; a
+    # statement-level trigger on the poller's tables (validate --fix) calls pg_notify on commit.
+    wake: Wake = "poll"
     # Where changes come from: "keyset" (a table or query read in cursor order, the default) or
     # "outbox" (an outbox table the application writes, see shared.outbox; cursor and pk are its own).
     kind: SourceKind = "keyset"
@@ -353,6 +365,32 @@ def _num(raw: Mapping[str, Any], prefix: str, key: str, default: float | None, l
     return float(value)
 
 
+def _linger(raw: Mapping[str, Any], prefix: str) -> float:
+    """``linger_seconds``: 0 (off) up to 600; a lingering tick keeps its timer invocation running."""
+    value = _num(raw, prefix, "linger_seconds", 0.0, 0.0) or 0.0
+    if value > 600:
+        raise ConfigError(
+            f"{prefix}.linger_seconds",
+            f"must be at most 600 (got {value!r})",
+            hint="a linger ends before the next timer occurrence anyway; keep it below the schedule interval",
+        )
+    return value
+
+
+def _wake(raw: Mapping[str, Any], prefix: str, source_url: str) -> Any:
+    """``wake``: "poll" (default) or "notify" (PostgreSQL tables only, and only with a linger)."""
+    wake = _choice(raw, prefix, "wake", "poll", ("poll", "notify"))
+    if wake == "poll":
+        return wake
+    if not (_num(raw, prefix, "linger_seconds", 0.0, 0.0) or 0.0):
+        raise ConfigError(f"{prefix}.wake", "wakes a lingering tick: set linger_seconds too", hint="linger_seconds = 4")
+    if source_url and not source_url.split(":", 1)[0].startswith("postgresql"):  # "": a missing setting
+        raise ConfigError(f"{prefix}.wake", '"notify" needs a PostgreSQL source (LISTEN/NOTIFY)')
+    if raw.get("query") is not None:
+        raise ConfigError(f"{prefix}.wake", '"notify" needs table (a trigger goes on it), not query')
+    return wake
+
+
 def _choice(raw: Mapping[str, Any], prefix: str, key: str, default: str, choices: tuple[str, ...]) -> Any:
     value = raw.get(key, default)
     if value not in choices:
@@ -419,9 +457,10 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         )
     max_bytes = _int(raw, prefix, "max_message_bytes", 256 * 1024, 16 * 1024, 100 * 1024 * 1024)
     missing = tuple(dict.fromkeys(n for n in _REF.findall(source_url) if n not in settings)) if lenient_settings else ()
+    expanded = "" if missing else expand_refs(source_url, settings, f"{prefix}.source_url")
     return PollerConfig(
         name=name,
-        source_url="" if missing else expand_refs(source_url, settings, f"{prefix}.source_url"),
+        source_url=expanded,
         missing_settings=missing,
         table=_str(raw, prefix, "table", None),
         query=_str(raw, prefix, "query", None),
@@ -431,7 +470,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         schedule=schedule,
         batch_size=_int(raw, prefix, "batch_size", 500, 1, 100_000),
         max_batches_per_tick=_int(raw, prefix, "max_batches_per_tick", 20, 1, 10_000),
-        lease_ttl_seconds=_int(raw, prefix, "lease_ttl_seconds", 120, 10, 3600),
+        lease_ttl_seconds=_int(raw, prefix, "lease_ttl_seconds", DEFAULT_LEASE_TTL_SECONDS, 10, 3600),
         settle_seconds=_num(raw, prefix, "settle_seconds", 2.0, 0.0) or 0.0,
         soft_delete_column=_str(raw, prefix, "soft_delete_column", None),
         handler=handler,
@@ -449,6 +488,9 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         use_monitor=bool(raw.get("use_monitor", True)),
         sessions=bool(raw.get("sessions", False)),
         max_uncommitted_batches=_int(raw, prefix, "max_uncommitted_batches", 16, 1, 64),
+        linger_seconds=_linger(raw, prefix),
+        poll_interval_ms=_int(raw, prefix, "poll_interval_ms", 250, 10, 10_000),
+        wake=_wake(raw, prefix, expanded),
         kind=kind,
         outbox_retention_seconds=_num(raw, prefix, "outbox_retention_seconds", None, 0.0),
         tables=tuple(raw.get("tables", ())),

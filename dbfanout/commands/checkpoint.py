@@ -113,12 +113,16 @@ def reset_command(
         bool, typer.Option("--accept-fingerprint", help="Adopt the configured source's fingerprint")
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Override a lease that expired without release")] = False,
+    take_over: Annotated[
+        bool,
+        typer.Option("--take-over", help="Move the checkpoint under a live lease (a running app reloads it)"),
+    ] = False,
     yes: common.YesOption = False,
     dry_run: common.DryRunOption = False,
     json_out: common.JsonOption = False,
     config: common.ConfigOption = None,
 ) -> None:
-    """Move the checkpoint. Refuses while a live lease is held, and on a fingerprint mismatch."""
+    """Move the checkpoint. Refuses on a live lease (unless --take-over) and on a fingerprint mismatch."""
     cfg, pcfg = _load_poller(config, poller)
     kind, position, file_fp = _target(cfg, poller, to_beginning, to_cursor, pk or [], from_file)
     if kind == "keep" and not accept_fingerprint:
@@ -138,6 +142,7 @@ def reset_command(
                 file_fingerprint=file_fp,
                 accept_fingerprint=accept_fingerprint,
                 force=force,
+                take_over=take_over,
                 ttl_seconds=pcfg.lease_ttl_seconds,
                 now=_now(),
                 operator=ops.operator_id(),

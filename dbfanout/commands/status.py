@@ -92,6 +92,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             else _text(cursor and [cursor["value"], cursor["tiebreaker"]])
         )
         lease_text = f"{lease.get('state', '-')} {lease.get('owner') or ''} token {lease.get('fencing_token', '-')}"
+        if lease.get("held_since"):
+            lease_text += f", held since {lease['held_since'][:19]}"
         if lease.get("expires_in_seconds") is not None:
             lease_text += f", expires in {lease['expires_in_seconds']}s"
         fp = row.get("fingerprint_match")

@@ -43,7 +43,7 @@ def validate_command(
         typer.Option(
             "--fix",
             help='Create what a poller needs: kind = "pg_logical" its publication, then slot; kind = "outbox" '
-            "its table or index",
+            'its table or index; wake = "notify" its triggers',
         ),
     ] = False,
 ) -> None:

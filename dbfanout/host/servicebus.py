@@ -156,7 +156,10 @@ class QueueRunner(TriggerRunner[_Invocation]):
                 if free <= 0:
                     self._settle_finished(receiver, block=True)
                     continue
-                count = self.options.max_message_batch_size if self.many else free
+                # One message per receive for single-message functions: the SDK returns as soon as
+                # the count is met, but after the first of several it keeps pulling for 0.2 s more,
+                # which would hold a lone message back. Prefetched messages are taken without waiting.
+                count = self.options.max_message_batch_size if self.many else 1
                 wait = self._busy_wait if self._inflight else self._idle_wait
                 messages = receiver.receive_messages(max_message_count=count, max_wait_time=wait)
                 if messages:

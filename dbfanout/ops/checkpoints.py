@@ -100,17 +100,26 @@ class Plan:
         }
 
 
-def _guard_lease(snap: Snapshot, now: dt.datetime, ttl_seconds: int, force: bool) -> list[str]:
+def _guard_lease(snap: Snapshot, now: dt.datetime, ttl_seconds: int, force: bool, take_over: bool) -> list[str]:
     lease = snap.doc.lease
     state = lease_state(lease, now, ttl_seconds)
+    if state == "live" and take_over:
+        # The write bumps the fencing token and frees the lease in one CAS: the holder's next
+        # write (commit or renewal) fails on the ETag, and it reloads from this checkpoint.
+        return [
+            f"taking over the live lease of {lease.owner_id} (fencing token {lease.fencing_token} -> "
+            f"{lease.fencing_token + 1}); its next write fails and it reloads from the new checkpoint "
+            "(a batch it is sending may arrive once more)"
+        ]
     if state == "live":
         raise Refused(
             f"poller {snap.doc.poller_name}: a live lease is held by {lease.owner_id} (fencing token "
             f"{lease.fencing_token}, expires {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC); "
             "refusing to move its checkpoint",
-            hint="stop the poller (disable its timer function) and retry after the lease expires",
+            hint="a running app keeps its lease between ticks: re-run with --take-over to move the checkpoint "
+            "under it (its owner reloads the new state), or stop the app and retry after the lease is released",
         )
-    if state == "expired" and not force:
+    if state == "expired" and not (force or take_over):
         raise Refused(
             f"poller {snap.doc.poller_name}: the lease of {lease.owner_id} expired at "
             f"{lease.expires_at:%Y-%m-%d %H:%M:%S} UTC but was never released (a crashed tick?)",
@@ -128,6 +137,7 @@ def plan_reset(
     file_fingerprint: str | None = None,
     accept_fingerprint: bool = False,
     force: bool = False,
+    take_over: bool = False,
     ttl_seconds: int,
     now: dt.datetime,
     operator: str,
@@ -136,7 +146,7 @@ def plan_reset(
     snap = store.load()
     notes: list[str] = []
     if snap is not None:
-        notes += _guard_lease(snap, now, ttl_seconds, force)
+        notes += _guard_lease(snap, now, ttl_seconds, force, take_over)
         stored = snap.doc.source_fingerprint
         if stored != current_fingerprint and not accept_fingerprint:
             raise Refused(

@@ -56,8 +56,10 @@ def schedule_interval_seconds(schedule: str) -> float | None:
 
 
 def needed_window_seconds(cfg: PollerConfig) -> float:
-    """Duplicate-detection window that covers a re-send after a lost commit: TTL + interval + tick."""
-    return cfg.lease_ttl_seconds + (schedule_interval_seconds(cfg.schedule) or 0) + cfg.time_budget_seconds
+    """Duplicate-detection window that covers a re-send after a lost commit: TTL + interval + tick
+    (a lingering tick lasts up to ``linger_seconds`` more)."""
+    tick = cfg.time_budget_seconds + cfg.linger_seconds
+    return cfg.lease_ttl_seconds + (schedule_interval_seconds(cfg.schedule) or 0) + tick
 
 
 def duplicate_detection_check(cfg: PollerConfig, enabled: bool, window: float) -> Check:

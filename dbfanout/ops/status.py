@@ -88,6 +88,9 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
                 "owner": lease.owner_id,
                 "fencing_token": lease.fencing_token,
                 "expires_in_seconds": round(expires, 1) if expires is not None and lease.owner_id else None,
+                # A running app keeps its lease between ticks: since when this owner holds it.
+                "held_since": lease.acquired_at.isoformat() if lease.owner_id and lease.acquired_at else None,
+                "renewed_at": lease.heartbeat_at.isoformat() if lease.owner_id and lease.heartbeat_at else None,
             }
             out["fingerprint_match"] = doc.source_fingerprint == source.fingerprint
             if position is not None and position.snapshot is not None:

@@ -65,6 +65,7 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
         yield Check(p, "source", "fail", _msg(exc))
         return
     yield from _outbox_fix(source, p, fix)
+    yield from _notify_checks(cfg, fix)
     if isinstance(source, PgLogicalSource):
         yield from slot_checks(cfg, fix=fix)
         return
@@ -114,6 +115,28 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
         except OversizeRowError as exc:
             status = "fail" if cfg.oversize_policy == "error" else "warn"
             yield Check(p, "message size", status, f"{exc} (oversize_policy = {cfg.oversize_policy!r})")
+
+
+def _notify_checks(cfg: PollerConfig, fix: bool) -> Iterator[Check]:
+    """``wake = "notify"``: its triggers exist (``--fix`` creates them); else the linger never wakes."""
+    if cfg.wake != "notify":
+        return
+    from dbfanout.ops.notify import create_notify_triggers, missing_notify_triggers
+
+    try:
+        if fix:
+            created = create_notify_triggers(cfg)
+            if created:
+                yield Check(cfg.name, "fix", "ok", f"created {', '.join(created)}")
+        missing = missing_notify_triggers(cfg)
+    except Exception as exc:
+        yield Check(cfg.name, "notify trigger", "fail", _msg(exc))
+        return
+    if missing:
+        detail = f"no notify trigger on {', '.join(missing)}: a lingering tick is never woken (run validate --fix)"
+        yield Check(cfg.name, "notify trigger", "fail", detail)
+    else:
+        yield Check(cfg.name, "notify trigger", "ok", "every table notifies the poller's channel on commit")
 
 
 def _outbox_fix(source: object, poller: str, fix: bool) -> Iterator[Check]:

@@ -9,7 +9,11 @@ import pytest
 
 from dbfanout.ops import checkpoints as ops
 from poller.source import SqlSource
+from poller.sources import open_source
+from poller.sticky import StickyLease
+from poller.tick import run_tick
 from tests.cli.conftest import said
+from tests.poller.tick_support import RecordingSink
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +79,41 @@ def test_reset_is_refused_while_a_live_lease_is_held_even_with_force(workspace):
         assert result.exit_code == 3
         assert "live lease" in said(result) and "busy-tick" in said(result)
     assert store.load() == before
+
+
+def test_reset_with_take_over_moves_the_checkpoint_under_a_running_owner_that_then_reloads(workspace):
+    # Given a running app's poller that delivered rows 1..5 and keeps its lease between ticks
+    workspace.source.upsert(range(1, 6))
+    cfg = workspace.config.poller("orders")
+    source, store = open_source(cfg), workspace.store()
+    owner = StickyLease(store, "app-1", dt.timedelta(seconds=cfg.lease_ttl_seconds), source.fingerprint)
+    sink = RecordingSink()
+    assert run_tick(cfg, source, store, sink, owner_id="app-1", lease=owner).rows == 5
+    before = store.load()
+    assert before.doc.lease.owner_id == "app-1"
+    # When the operator resets without --take-over, Then it is refused, pointing at --take-over
+    refused = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--yes")
+    assert refused.exit_code == 3 and "--take-over" in said(refused)
+    # And a dry run with --take-over says what it would do and writes nothing
+    dry = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--take-over", "--dry-run")
+    assert dry.exit_code == 0 and "taking over the live lease of app-1" in said(dry)
+    assert store.load() == before
+    # When the operator means it
+    taken = workspace.run("checkpoint", "reset", "orders", "--to-beginning", "--take-over", "--yes")
+    # Then the checkpoint moved, the lease is free with a higher token, and the old state was backed up
+    assert taken.exit_code == 0, taken.stdout + taken.stderr
+    after = store.load()
+    assert after.doc.checkpoint.position is None and after.doc.lease.owner_id is None
+    assert after.doc.lease.fencing_token == before.doc.lease.fencing_token + 1
+    container = store.container_client
+    assert list(container.list_blobs(name_starts_with=f"backups/{workspace.app_name}/orders/"))
+    # When a row appears, the owner's commit fails its CAS; its next tick reloads and redelivers all
+    workspace.source.upsert([6])
+    assert run_tick(cfg, source, store, sink, owner_id="app-1", lease=owner).stop_reason == "lease_lost"
+    sink.accepted.clear()
+    result = run_tick(cfg, source, store, sink, owner_id="app-1", lease=owner)
+    assert result.rows == 6 and sorted(delivered(sink)) == [1, 2, 3, 4, 5, 6]
+    assert result.fencing_token == before.doc.lease.fencing_token + 2
 
 
 def test_reset_over_an_expired_unreleased_lease_needs_force(workspace):

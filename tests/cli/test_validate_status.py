@@ -136,6 +136,8 @@ def test_duplicate_detection_window_covers_ttl_interval_and_tick():
         name="p", source_url="sqlite://", cursor="v", pk=("id",), queue="q", table="t", lease_ttl_seconds=120
     )
     assert needed_window_seconds(cfg) == 120 + 5 + 80
+    lingering = replace(cfg, lease_ttl_seconds=30, linger_seconds=4.0)
+    assert needed_window_seconds(lingering) == 30 + 5 + 20 + 4
 
 
 def test_status_shows_checkpoint_lease_lag_and_queue_depth(workspace, bus):
@@ -163,6 +165,9 @@ def test_status_shows_a_live_lease_and_fails_on_a_fingerprint_mismatch(workspace
     store.try_acquire("tick-7", dt.timedelta(seconds=60), SqlSource(workspace.config.poller("orders")).fingerprint)
     live = json.loads(workspace.run("status", "--json").stdout)[0]["lease"]
     assert live["state"] == "live" and live["owner"] == "tick-7" and live["expires_in_seconds"] > 0
+    held = store.load()
+    assert held is not None and held.doc.lease.acquired_at is not None
+    assert live["held_since"] == held.doc.lease.acquired_at.isoformat()
     workspace.config_path.write_text(
         workspace.config_path.read_text().replace('pk = ["id"]', 'pk = ["id"]\nfilter = "1=1"', 1)
     )

@@ -6,6 +6,7 @@ what the handler's target table holds, and on the queue and its dead-letter / po
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,6 +23,7 @@ from shared.errors import OversizeRowError
 from tests.fanout.pipeline import Pipeline
 from tests.fanout.transports import ServiceBusTransport, StorageQueueTransport, Transport
 from tests.support.azurite import Azurite
+from tests.support.ports import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -143,3 +145,25 @@ def test_claim_check_delivers_an_oversize_row_intact(transport: Transport, tmp_p
     pipe.consume_until(pipe.worker(resolve_claims=claims.resolve), lambda: len(pipe.target.rows()) == 3)
     with pipe.target.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT v FROM target WHERE id = 1").scalar_one() == big
+
+
+def test_a_lingering_tick_puts_a_row_written_mid_linger_on_the_queue_before_it_ends(
+    transport: Transport, tmp_path: Path
+) -> None:
+    # Given a lingering poller (4 s, polling every 50 ms) on this transport, caught up with rows 0-4
+    pipe = Pipeline.build(transport, tmp_path)
+    pipe.poller = replace(pipe.poller, linger_seconds=4.0, poll_interval_ms=50)
+    pipe.source_table.upsert(range(5))
+    result: list[object] = []
+    tick = threading.Thread(target=lambda: result.append(pipe.tick()), daemon=True)
+    tick.start()
+    wait_until(lambda: transport.pending() >= 1, 10, "the first batch on the queue")
+    # When a row is written while the tick lingers
+    pipe.source_table.upsert([5])
+    # Then its batch is on the queue while the same tick still runs
+    wait_until(lambda: transport.pending() >= 2, 3, "the row written mid-linger on the queue")
+    assert tick.is_alive()
+    tick.join(10)
+    assert not tick.is_alive() and getattr(result[0], "rows", None) == 6
+    # And the worker delivers every row to the handler
+    pipe.consume_until(pipe.worker(), lambda: pipe.target.rows() == pipe.source_table.states())

@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,6 +25,7 @@ from dbfanout.host import LocalHost
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.host.app_support import wait_for
+from tests.support.ports import wait_until
 
 APP = """
 import threading, time
@@ -30,6 +33,7 @@ import azure.functions as func
 
 app = func.FunctionApp()
 RECEIVED = []
+RECEIVED_AT = []
 BATCHES = []
 FINISHED = []
 TICKS = []
@@ -39,6 +43,7 @@ _lock = threading.Lock()
 @app.function_name("shape")
 @app.service_bus_queue_trigger(arg_name="msg", connection="SHAPE_SB", queue_name="%SHAPE_QUEUE%")
 def shape(msg: func.ServiceBusMessage) -> None:
+    RECEIVED_AT.append(time.monotonic())
     RECEIVED.append(msg)
     props = msg.application_properties
     if props.get("fail_first") and msg.delivery_count == 1:
@@ -148,6 +153,31 @@ def test_functions_receive_messages_filled_like_the_host_fills_them(
     assert second.metadata["DeliveryCount"] == 2 and second.metadata["MessageId"] == "m-1"
     # And success completed it (autoComplete): nothing is left on the queue
     wait_for(lambda: servicebus.queue_stats(running.queue)["messages"] == 0, 10, "the completion")
+
+
+def _received(running: Running, n: int) -> bool:
+    return len(running.RECEIVED_AT) >= n
+
+
+@pytest.mark.integration
+def test_a_message_reaches_its_function_within_milliseconds_of_its_send(
+    running: Running, client: ServiceBusClient
+) -> None:
+    # Given an idle single-message function (its receive waits for the next message)
+    latencies: list[float] = []
+    with client.get_queue_sender(running.queue) as sender:
+        sender.send_messages(ServiceBusMessage(b"warm-up"))
+        wait_for(lambda: len(running.RECEIVED) == 1, 30, "the warm-up message")
+        # When messages are sent one at a time
+        for i in range(2, 10):
+            sender.send_messages(ServiceBusMessage(f"m{i}".encode()))
+            sent = time.monotonic()
+            wait_until(partial(_received, running, i), 10, "the message", interval=0.001)
+            latencies.append(running.RECEIVED_AT[-1] - sent)
+    # Then each reaches the function at once: no batching wait after the first message arrives
+    latencies.sort()
+    assert latencies[len(latencies) // 2] < 0.1, latencies  # was 0.2 s: the SDK's further pull
+    assert latencies[-1] < 0.5, latencies
 
 
 @pytest.mark.integration

@@ -8,14 +8,18 @@ queue (duplicate detection, MaxDeliveryCount 10, lock PT30S) â†’ queue trigger â
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
+from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob import BlobServiceClient
 
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
+from shared.codec import loads
 from tests.conftest import FULL
 from tests.host.app_support import (
     AppDir,
@@ -148,8 +152,69 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path, azurite: Azurit
         target.close()
 
 
+def _processed_at_least(target: Target, n: int) -> bool:
+    return target.processed() >= n
+
+
 def _sleep_random(rng: random.Random) -> None:
     """Let the host run a random while before the kill (timing chaos, not a correctness wait)."""
-    import time
-
     time.sleep(rng.uniform(0.1, 3.0))
+
+
+@pytest.mark.slow
+def test_two_hosts_on_one_app_keep_one_owner_and_hand_over_after_sigkill_and_sigterm(
+    tmp_path: Path, azurite: Azurite, servicebus: Emulator
+) -> None:
+    # Given one app run by two `dbfanout run` processes (lease_ttl_seconds = 10, a 1 s schedule)
+    app = _app(tmp_path, azurite, servicebus)
+    blob = BlobServiceClient.from_connection_string(azurite.connection_string).get_blob_client(
+        "db-state", f"state/{app.app_name}/orders.json"
+    )
+
+    def owner() -> str | None:
+        try:
+            return loads(blob.download_blob().readall())["lease"]["owner_id"]  # type: ignore[no-any-return]
+        except ResourceNotFoundError:
+            return None
+
+    def owned_by(host: HostProcess) -> bool:
+        assert host.proc is not None
+        return f"/{host.proc.pid}/" in (owner() or "")
+
+    writer = SourceWriter(app.root / "source.db", 600, per_txn=5, pause=0.1)
+    target = Target(app.root / "target.db")
+    a, b = HostProcess(app), HostProcess(app)
+    try:
+        writer.start()
+        a.start()
+        wait_for(lambda: owned_by(a), 60, "the first host to hold the lease")
+        b.start()
+        wait_for(b.started, 60, "the second host to start")
+        # Then while both run and rows keep flowing, the first keeps the lease
+        for more in (20, 40, 60):
+            wait_for(partial(_processed_at_least, target, more), 60, "more rows to be delivered")
+            assert owned_by(a), owner()
+        # When the owner is SIGKILLed, Then the other takes over within TTL + skew margin + one interval
+        a.kill()
+        killed = time.monotonic()
+        wait_for(lambda: owned_by(b), 10 + 5 + 1 + 5, "the second host to take the lease over")
+        took = time.monotonic() - killed
+        # When a new first host runs and the owner stops gracefully (SIGTERM: it releases its lease)
+        a.start()
+        wait_for(a.started, 60, "the restarted host to start")
+        assert owned_by(b)
+        assert b.terminate() == 0, b.log_tail()
+        stopped = time.monotonic()
+        # Then the waiting host takes over within one interval (plus a tick's start)
+        wait_for(lambda: owned_by(a), 1 + 2, "the restarted host to take the released lease")
+        handed = time.monotonic() - stopped
+        # And no row was lost: the target matches the source
+        writer.join(300)
+        wait_for(lambda: _converged(writer, target), 120, "the target to match the source")
+        assert target.rows() == writer.expected()
+        assert a.terminate() == 0, a.log_tail()
+        print(f"handover after SIGKILL {took:.1f}s, after SIGTERM {handed:.1f}s")
+    finally:
+        for host in (a, b):
+            host.stop_quietly()
+        target.close()

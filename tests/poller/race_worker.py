@@ -1,7 +1,8 @@
 """One racing poller process (run by test_racing_pollers): ticks N times, logs what it did.
 
-argv: db_url azurite_conn container ticks clock_offset_seconds out_path [send_delay_seconds]
-Every accepted batch and every successful commit is appended to out_path as JSON lines.
+argv: db_url azurite_conn container ticks clock_offset_seconds out_path [send_delay_seconds] [sticky]
+Every accepted batch and every successful commit is appended to out_path as JSON lines. With
+``sticky`` the racer keeps its lease between ticks (poller/sticky.py) and releases it at the end.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import replace
 
 from poller.source import SqlSource
 from poller.state_blob import open_state_store
+from poller.sticky import StickyLease
 from poller.tick import run_tick
 from shared.codec import dumps
 from shared.models import Batch, Checkpoint
@@ -24,6 +26,7 @@ from tests.poller.tick_support import make_poller
 def main() -> None:
     db_url, conn, container, ticks, offset, out_path = sys.argv[1:7]
     send_delay = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
+    sticky = len(sys.argv) > 8 and sys.argv[8] == "sticky"
     skew = dt.timedelta(seconds=float(offset))
     owner = f"racer-{os.getpid()}"
 
@@ -65,12 +68,16 @@ def main() -> None:
             pass
 
     source = SqlSource(poller)
+    ttl = dt.timedelta(seconds=poller.lease_ttl_seconds)
+    lease = StickyLease(store, owner, ttl, source.fingerprint, clock=clock) if sticky else None
     for _ in range(int(ticks)):
         try:
-            result = run_tick(poller, source, store, LoggingSink(), owner_id=owner, clock=clock)
+            result = run_tick(poller, source, store, LoggingSink(), owner_id=owner, clock=clock, lease=lease)
             out.write(dumps({"tick": result.stop_reason, "owner": owner}) + b"\n")
         except Exception as exc:  # a failed tick is an outcome here; the next one retries
             out.write(dumps({"error": type(exc).__name__, "owner": owner}) + b"\n")
+    if lease is not None:
+        lease.release()
 
 
 if __name__ == "__main__":

@@ -57,7 +57,23 @@ def test_pages_come_in_order_read_on_the_readers_pinned_thread_and_stop_after_a_
         reader.close()
     assert pages == [[1, 2, 3], [4, 5, 6], [7, 8]]
     assert table.reads == [0, 3, 6]  # nothing after the short page
-    assert table.threads == table.pinned_threads == {"prefetch-t"}
+    # The first page on the taker's thread (pinned by the tick), the rest on the reader's pinned one
+    assert table.threads == {threading.current_thread().name, "prefetch-t"}
+    assert table.pinned_threads == {"prefetch-t"}
+
+
+def test_a_short_first_page_starts_no_thread() -> None:
+    # Given an idle source (fewer rows than a page), When the tick reads its first page
+    table = Table(rows=2)
+    reader = _prefetcher(table)
+    try:
+        assert _ids(reader.next()) == [1, 2]
+        # Then it was read on the taker's thread and no reader thread was started
+        assert table.threads == {threading.current_thread().name}
+        assert not any(t.name == "prefetch-t" for t in threading.enumerate())
+    finally:
+        reader.close()
+    assert table.reads == [0]
 
 
 def test_a_fetch_error_is_raised_by_the_next_that_would_have_returned_its_page() -> None:

@@ -2,7 +2,8 @@
 
 Each racer runs with a different clock offset, so the fast-clock ones regard the others' leases
 as lapsed and take over mid-tick: real lease steals, and real stale commits for the fencing
-to reject. Small counts by default; DBFANOUT_FULL_TESTS=1 runs 4 x 250 ticks.
+to reject. Two racers keep their lease between ticks (sticky), the others acquire per tick.
+Small counts by default; DBFANOUT_FULL_TESTS=1 runs 4 x 250 ticks.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def test_racing_pollers_lose_nothing_and_never_commit_as_two_owners(tmp_path: Pa
                 str(TICKS),
                 str(offsets[i]),
                 str(logs[i]),
+                "0",
+                "sticky" if i in (1, 2) else "per-tick",  # two keep their lease between ticks (racer 4 steals)
             ],
             cwd=ROOT,
         )

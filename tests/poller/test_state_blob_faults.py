@@ -17,7 +17,9 @@ from azure.storage.blob import BlobServiceClient
 
 import poller.state_blob as state_blob
 from poller.lease import LeaseKeeper
+from poller.source import SqlSource
 from poller.state_blob import BlobStateStore, open_state_store
+from poller.tick import run_tick
 from shared.errors import (
     CommitAmbiguousError,
     CommitError,
@@ -27,7 +29,9 @@ from shared.errors import (
 from shared.models import Checkpoint, Position
 from shared.settings import StorageConnection
 from tests.poller.conftest import APP, FINGERPRINT, FakeClock
+from tests.poller.tick_support import RecordingSink, SourceTable, make_poller
 from tests.support.azurite import KEY, Azurite, start_azurite
+from tests.support.faultproxy import FaultProxy
 from tests.support.ports import wait_until
 
 pytestmark = pytest.mark.integration
@@ -261,3 +265,47 @@ def test_the_blob_session_reads_the_proxy_environment_once_and_still_honours_it(
         assert session.merge_environment_settings(url, {}, None, None, None) == expected[url]
     # And the environment was read once per endpoint, not once per request
     assert reads["n"] == 2
+
+
+# --------------------------------------------------------------------------------------------
+# A write whose answer is lost after it landed (a proxy drops the response)
+
+
+@pytest.fixture
+def lossy(azurite: Azurite) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(azurite.blob_port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def _proxied_store(azurite: Azurite, proxy: FaultProxy, poller: str) -> BlobStateStore:
+    conn = StorageConnection(
+        connection_string=azurite.connection_string.replace(f":{azurite.blob_port}/", f":{proxy.port}/")
+    )
+    return open_state_store(conn, f"l-{uuid.uuid4().hex[:16]}", APP, poller, request_timeout=TIMEOUT, retry_total=0)
+
+
+def test_an_acquire_whose_answer_was_lost_is_recognised_as_ours_on_the_next_tick(
+    tmp_path: Any, azurite: Azurite, lossy: FaultProxy
+) -> None:
+    # Given a poller whose state store talks to storage through a proxy, and rows to deliver
+    table = SourceTable(f"sqlite:///{tmp_path / 'lossy.db'}")
+    table.upsert(range(5))
+    poller = make_poller(str(table.engine.url))
+    source, sink = SqlSource(poller), RecordingSink()
+    store = _proxied_store(azurite, lossy, poller.name)
+    # When the acquire's write reaches storage but its answer is dropped
+    lossy.drop_next_response_to(b"PUT ")
+    with pytest.raises(StateUnavailableError):
+        run_tick(poller, source, store, sink, owner_id="me")
+    assert lossy.dropped == 1
+    stored = store.load()
+    assert stored is not None and stored.doc.lease.owner_id == "me"  # the write landed
+    token = stored.doc.lease.fencing_token
+    # Then the next tick sees its own lease: it proceeds (no lease_held) and adopts the token
+    result = run_tick(poller, source, store, sink, owner_id="me")
+    assert result.stop_reason == "caught_up" and result.rows == 5
+    assert result.fencing_token == token
+    assert sorted(i for i, _ in sink.delivered()) == [0, 1, 2, 3, 4]

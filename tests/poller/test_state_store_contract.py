@@ -84,6 +84,22 @@ def test_a_held_lease_is_not_acquired__R4(harness: StoreHarness, store: StateSto
     assert harness.raw() == before
 
 
+def test_a_live_lease_that_names_us_is_ours_renewed_with_its_token(
+    harness: StoreHarness, store: StateStore, clock: FakeClock
+) -> None:
+    # Given A holds the lease (say its acquire landed but the answer was lost: A has no snapshot)
+    first = acquire(store, "A")
+    clock.advance(10)
+    # When A tries again on another instance of the store, while the lease is live
+    snap = acquire(harness.make(clock), "A")
+    # Then A holds it with the same token, extended from now, in one conditional write
+    assert snap.doc.lease.owner_id == "A" and snap.doc.lease.fencing_token == first.doc.lease.fencing_token
+    assert snap.doc.lease.expires_at == clock() + TTL
+    assert snap.etag != first.etag
+    # And B still cannot take it
+    assert harness.make(clock).try_acquire("B", TTL, FINGERPRINT) is None
+
+
 def test_a_lapsed_lease_is_taken_with_the_fencing_token_bumped(
     harness: StoreHarness, store: StateStore, clock: FakeClock
 ) -> None:

@@ -67,6 +67,14 @@ def _data(**changes: object) -> dict[str, object]:
         ({"bogus": 1}, "pollers.orders.bogus"),
         ({"null_cursor": "ignore"}, "pollers.orders.null_cursor"),
         ({"max_delivery_count": -1}, "pollers.orders.max_delivery_count"),
+        ({"linger_seconds": -1}, "pollers.orders.linger_seconds"),
+        ({"linger_seconds": 601}, "pollers.orders.linger_seconds"),
+        ({"linger_seconds": "2"}, "pollers.orders.linger_seconds"),
+        ({"poll_interval_ms": 5}, "pollers.orders.poll_interval_ms"),
+        ({"poll_interval_ms": 0.5}, "pollers.orders.poll_interval_ms"),
+        ({"wake": "loud"}, "pollers.orders.wake"),
+        ({"wake": "notify"}, "pollers.orders.wake"),  # without a linger
+        ({"wake": "notify", "linger_seconds": 2}, "pollers.orders.wake"),  # not PostgreSQL (sqlite://)
     ],
 )
 def test_each_bad_value_names_its_key(changes: dict[str, object], key: str) -> None:
@@ -177,3 +185,21 @@ def test_snapshot_keys_apply_to_pg_logical_pollers_only() -> None:
     with pytest.raises(ConfigError) as exc:
         parse_config({"app": {"name": "t"}, "pollers": {"p": raw}}, {})
     assert exc.value.key == "pollers.p.snapshot"
+
+
+def test_linger_is_off_by_default_and_the_lease_ttl_defaults_to_30_seconds() -> None:
+    data = _data()
+    del data["pollers"]["orders"]["lease_ttl_seconds"]  # type: ignore[index]
+    orders = parse_config(data, {"ORDERS_DB_URL": "sqlite://"}).poller("orders")
+    assert orders.linger_seconds == 0 and orders.poll_interval_ms == 250
+    assert orders.lease_ttl_seconds == 30 and orders.time_budget_seconds == 20
+    lingering = parse_config(_data(linger_seconds=4, poll_interval_ms=100), {"ORDERS_DB_URL": "sqlite://"})
+    assert lingering.poller("orders").linger_seconds == 4.0
+    assert lingering.poller("orders").poll_interval_ms == 100
+
+
+def test_wake_notify_goes_with_a_linger_on_a_postgresql_table() -> None:
+    data = _data(wake="notify", linger_seconds=2)
+    orders = parse_config(data, {"ORDERS_DB_URL": "postgresql+psycopg://u@h/db"}).poller("orders")
+    assert orders.wake == "notify"
+    assert parse_config(_data(), {"ORDERS_DB_URL": "sqlite://"}).poller("orders").wake == "poll"

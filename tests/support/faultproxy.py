@@ -1,0 +1,90 @@
+"""A TCP proxy in front of a server that can lose a write's response after the write landed.
+
+``FaultProxy(port).drop_next_response_to(b"PUT ")`` arms it: the next request on any connection
+that starts with that method reaches the server in full, the proxy waits for the server's answer
+and then closes the client's connection without passing the answer on — the client sees a
+dropped connection for a write that was carried out (an ambiguous write, seed 002 §11).
+``requests`` counts the HTTP requests that went through (benchmarks count storage calls with it).
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from contextlib import suppress
+
+__all__ = ["FaultProxy"]
+
+_METHODS = (b"GET ", b"PUT ", b"HEAD ", b"POST ", b"DELETE ", b"PATCH ", b"OPTIONS ")
+
+
+class FaultProxy:
+    """Forwards 127.0.0.1:``port`` (picked by the OS) to 127.0.0.1:``target_port``."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._armed: bytes | None = None
+        self.dropped = 0  # answers swallowed so far
+        self.requests = 0  # HTTP requests seen (a request's first bytes start a read)
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
+
+    def drop_next_response_to(self, method: bytes) -> None:
+        with self._lock:
+            self._armed = method
+
+    def _take_arm(self, data: bytes) -> bool:
+        with self._lock:
+            if self._armed is not None and data.startswith(self._armed):
+                self._armed = None
+                return True
+            return False
+
+    def close(self) -> None:
+        self._closed.set()
+        with suppress(OSError):
+            self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pump, args=(client,), daemon=True).start()
+
+    def _pump(self, client: socket.socket) -> None:
+        server = socket.create_connection(("127.0.0.1", self.target_port))
+        doomed = False  # the request in flight is the armed one: swallow its answer
+        try:
+            while not self._closed.is_set():
+                readable, _, _ = select.select([client, server], [], [], 0.5)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    if sock is client:
+                        if data.startswith(_METHODS):
+                            with self._lock:
+                                self.requests += 1
+                        doomed = doomed or self._take_arm(data)
+                        server.sendall(data)
+                    elif doomed:
+                        with self._lock:
+                            self.dropped += 1
+                        return  # the write landed; its answer never reaches the client
+                    else:
+                        client.sendall(data)
+        except OSError:
+            return
+        finally:
+            for sock in (client, server):
+                with suppress(OSError):
+                    sock.close()
