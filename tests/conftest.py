@@ -6,11 +6,18 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import settings
+
 
 from tests.support.azurite import Azurite, start_azurite
 from tests.support.databases import MYSQL_URL, PG_URL, unreachable_reason
 
 FULL = os.environ.get("DBFANOUT_FULL_TESTS") == "1"
+
+# No per-example deadline: CI runs the 3.13 tests beside the 3.11 suite at the lowest CPU priority,
+# where an example may wait for the CPU; what the properties check is correctness, not speed.
+settings.register_profile("dbfanout", deadline=None)
+settings.load_profile("dbfanout")
 
 
 @pytest.fixture(scope="session")

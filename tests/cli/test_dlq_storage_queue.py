@@ -40,7 +40,7 @@ from worker.runtime import Delivery
 
 pytestmark = pytest.mark.integration
 
-KILLS = 30 if FULL else 8
+KILLS = 30 if FULL else 4
 SEED = 20  # below 32, so one peek sees the whole poison queue
 
 TOML = """

@@ -27,7 +27,7 @@ from tests.support.ports import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-RUNS = 100 if FULL else 20
+RUNS = 100 if FULL else 10
 FIRST_SEED = 30
 REFILL = 5
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 ROWS = 20_000 if FULL else 2_000
 CRASH_ROWS = 5_000 if FULL else 600
-KILLS = 30 if FULL else 10
+KILLS = 30 if FULL else 6
 
 
 def _app(tmp_path: Path, azurite: Azurite, servicebus: Emulator, db_url: str | None = None) -> AppDir:
