@@ -8,7 +8,6 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import settings
 
-
 from tests.support.azurite import Azurite, start_azurite
 from tests.support.databases import MYSQL_URL, PG_URL, unreachable_reason
 
