@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -265,21 +264,6 @@ def test_azure_functions_2_indexes_the_app_too(mode: str, runtime_site: Path, sd
     _assert_expected_bindings(result["functions"])
 
 
-TICK_CONFIG = """
-[app]
-name = "{app}"
-state_connection = "DBFANOUT_STATE"
-servicebus_connection = "DBFANOUT_SERVICEBUS"
-
-[pollers.orders]
-source_url = "${{ORDERS_DB_URL}}"
-table = "orders"
-cursor = "version"
-pk = ["id"]
-queue = "{queue}"
-settle_seconds = 0
-handler = "handlers.probe:handle"
-"""
 # What the host sends: a timer's TypedData is JSON; a Service Bus message's body is bytes, with its
 # system properties as trigger metadata (strings, and JSON for numbers and property maps).
 TIMER_INPUT = {"json": json.dumps({"Schedule": {"AdjustForDST": True}, "ScheduleStatus": None, "IsPastDue": False})}
@@ -293,13 +277,13 @@ def test_the_platform_runtime_ticks_the_app(
     from azure.servicebus import ServiceBusClient
 
     from sbemulator.testing import unique_queue
-    from tests.support.deployment import PROBE_HANDLER, deployment_copy
+    from tests.support.deployment import PROBE_HANDLER, deployment_copy, probe_app_config
 
     # Given a deployment of the app with a SQLite poller, Azurite and the emulator
     app = deployment_copy(tmp_path / "app")
     (app / "handlers" / "probe.py").write_text(PROBE_HANDLER)
     queue = unique_queue(servicebus, "plat", requires_duplicate_detection=True)
-    (tmp_path / "dbfanout.toml").write_text(TICK_CONFIG.format(app=f"plat{uuid.uuid4().hex[:8]}", queue=queue))
+    (tmp_path / "dbfanout.toml").write_text(probe_app_config("orders", queue))
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'source.db'}")
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT)")

@@ -32,7 +32,7 @@ from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.support.azurite import Azurite
 from tests.support.databases import MYSQL_URL, unreachable_reason
-from tests.support.deployment import PROBE_HANDLER, deployment_copy
+from tests.support.deployment import PROBE_HANDLER, deployment_copy, probe_app_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.install]
 
@@ -41,24 +41,6 @@ APP_TICK = Path(__file__).with_name("app_tick.py")
 HOST_MESSAGES = REPO / "dbfanout" / "host" / "messages.py"
 PIP_TIMEOUT = 600
 ROWS = [(1, "first"), (2, "second")]
-
-
-CONFIG = """
-[app]
-name = "{app}"
-state_connection = "DBFANOUT_STATE"
-servicebus_connection = "DBFANOUT_SERVICEBUS"
-
-[pollers.orders]
-source_url = "${{ORDERS_DB_URL}}"
-table = "{table}"
-cursor = "version"
-pk = ["id"]
-queue = "{queue}"
-schedule = "*/5 * * * * *"
-settle_seconds = 0
-handler = "handlers.probe:handle"
-"""
 
 
 def find_python(version: str) -> str | None:
@@ -174,8 +156,7 @@ def _settings(
 
 
 def _write_config(tmp_path: Path, table: str, queue: str) -> None:
-    app_name = "inst" + uuid.uuid4().hex[:8]
-    (tmp_path / "dbfanout.toml").write_text(CONFIG.format(app=app_name, table=table, queue=queue))
+    (tmp_path / "dbfanout.toml").write_text(probe_app_config(table, queue))
 
 
 def _handled(tmp_path: Path) -> list[dict[str, object]]:

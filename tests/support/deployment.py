@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import shutil
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,6 +18,31 @@ def handle(events, context):
         for e in events:
             f.write(json.dumps({"pk": e.pk, "op": e.op, "after": e.after, "poller": e.poller}, default=str) + "\\n")
 """
+
+
+#: A one-poller app whose handler is the probe: state in ``DBFANOUT_STATE``, Service Bus in
+#: ``DBFANOUT_SERVICEBUS``, the source in ``ORDERS_DB_URL``.
+PROBE_APP_CONFIG = """
+[app]
+name = "{app}"
+state_connection = "DBFANOUT_STATE"
+servicebus_connection = "DBFANOUT_SERVICEBUS"
+
+[pollers.orders]
+source_url = "${{ORDERS_DB_URL}}"
+table = "{table}"
+cursor = "version"
+pk = ["id"]
+queue = "{queue}"
+schedule = "*/5 * * * * *"
+settle_seconds = 0
+handler = "handlers.probe:handle"
+"""
+
+
+def probe_app_config(table: str, queue: str) -> str:
+    """``dbfanout.toml`` of a probe app on ``table``, sending to ``queue``, under a fresh app name."""
+    return PROBE_APP_CONFIG.format(app=f"probe{uuid.uuid4().hex[:8]}", table=table, queue=queue)
 
 
 def deployment_copy(dest: Path) -> Path:
