@@ -23,7 +23,7 @@ from dbfanout.commands.common import (
     print_json,
     reporting_errors,
 )
-from poller.engines import make_engine
+from poller.engines import source_engine
 from poller.snapshot import ChunkReader, qualified, quote_table, request_statement
 from shared.config import PollerConfig
 
@@ -57,7 +57,7 @@ def snapshot_command(
         tables = _tables(cfg, table or [])
         if cancel and (table or where or chunk_size):
             fail("--cancel takes no --table, --where or --chunk-size", EXIT_USAGE)
-        engine = make_engine(cfg.source_url)
+        engine = source_engine(cfg)
         ChunkReader(cfg, engine).check_published()  # the request reaches the poller only through its slot
         if where is not None and not cancel:
             _check_where(engine, tables or [qualified(t) for t in cfg.tables], where)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from poller.engines import make_engine
+from poller.engines import source_engine
 from poller.wake import NOTIFY_FUNCTION, notify_channel, notify_tables, notify_trigger_name
 from shared.config import PollerConfig
 
@@ -31,7 +31,7 @@ _EXISTS = sa.text("SELECT 1 FROM pg_trigger WHERE tgname = :name AND tgrelid = C
 def missing_notify_triggers(poller: PollerConfig) -> list[str]:
     """The poller's tables that have no notify trigger yet."""
     name = notify_trigger_name(poller)
-    with make_engine(poller.source_url).connect() as conn:
+    with source_engine(poller).connect() as conn:
         return [t for t in notify_tables(poller) if conn.execute(_EXISTS, {"name": name, "table": t}).first() is None]
 
 
@@ -41,7 +41,7 @@ def create_notify_triggers(poller: PollerConfig) -> list[str]:
     if not missing:
         return []
     name, channel = notify_trigger_name(poller), notify_channel(poller)
-    with make_engine(poller.source_url).begin() as conn:
+    with source_engine(poller).begin() as conn:
         conn.exec_driver_sql(_FUNCTION_DDL)
         for table in missing:
             conn.exec_driver_sql(
@@ -55,7 +55,7 @@ def drop_notify_triggers(poller: PollerConfig) -> list[str]:
     """Drop the poller's triggers (the shared function stays: other pollers may use it)."""
     name = notify_trigger_name(poller)
     present = [t for t in notify_tables(poller) if t not in missing_notify_triggers(poller)]
-    with make_engine(poller.source_url).begin() as conn:
+    with source_engine(poller).begin() as conn:
         for table in present:
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {table}")
     return [f"trigger {name} on {t}" for t in present]

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from dbfanout.ops.checks import Check
-from poller.engines import make_engine
+from poller.engines import source_engine
 from poller.pg_logical import PgLogicalSource, setup_sql
 from poller.snapshot import signal_sql
 from shared.config import PollerConfig
@@ -37,7 +37,7 @@ def slot_checks(
     """The checks (and, with ``fix``, the repairs) of one pg_logical poller."""
     p = cfg.name
     try:
-        with make_engine(cfg.source_url).connect() as conn:
+        with source_engine(cfg).connect() as conn:
             level = conn.execute(sa.text("SHOW wal_level")).scalar()
             if level != "logical":
                 yield Check(
@@ -155,7 +155,7 @@ def _slot_check(cfg: PollerConfig, fix: bool, warn_bytes: int) -> Iterator[Check
                 f"replication slot {source.slot} does not exist: run `dbfanout validate --fix`, or: {create}",
             )
             return
-        with make_engine(cfg.source_url).begin() as conn:  # a transaction of its own (no writes before it)
+        with source_engine(cfg).begin() as conn:  # a transaction of its own (no writes before it)
             conn.execute(sa.text(create))
         yield Check(cfg.name, "slot", "ok", f"created: {create}")
         return

@@ -23,7 +23,7 @@ from dbfanout.ops.bus import (
 )
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
-from poller.engines import make_engine
+from poller.engines import source_engine
 from poller.pg_logical import PgLogicalSource
 from poller.sources import open_source
 from shared.codec import encode_position, encode_value
@@ -48,7 +48,7 @@ def _newest_cursor(cfg: PollerConfig) -> Any:
         source: Any = sa.table(name, cursor, schema=schema or None)
     else:
         source = sa.text(cfg.query or "").columns(cursor).subquery("dbfanout_src")
-    with make_engine(cfg.source_url).connect() as conn:
+    with source_engine(cfg).connect() as conn:
         return conn.execute(sa.select(sa.func.max(source.c[cfg.cursor]))).scalar()
 
 
