@@ -419,7 +419,7 @@ def catchup_once(
         for name in ("function_app.py", "host.json"):  # the contestant's own app files
             shutil.copy(code / name, app.root / name)
         (app.root / "bench_handler.py").write_text(CATCHUP_HANDLER)
-        config = CONFIG.format(name=app.app_name, queue=queue, batch=args.batch, max_batches=args.max_batches)
+        config = CONFIG.format(name=app.app_name, queue=queue, batch=args.batch, max_batches=args.max_batches, more="")
         (app.root / "dbfanout.toml").write_text(config)
         out = app.root / "handled.txt"
         started = time.time()
@@ -450,8 +450,8 @@ def catchup_once(
             samples=samples,
         )
     finally:
-        if host is not None:
-            _stop(host, graceful=profile is not None)
+        if host is not None:  # a traced host stops gracefully: it flushes its spans and metrics to the sink
+            _stop(host, graceful=profile is not None or label == "traced")
         _stop(emulator, graceful=profile is not None)
 
 

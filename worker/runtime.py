@@ -231,7 +231,7 @@ class Worker:
         attrs = self._attrs(batch.poller, subscription)
         if outcome is Settle.COMPLETE:
             metrics.events_handled.add(len(batch.events), attrs)
-            if recording():  # one observation per event: skipped without a metrics SDK
+            if recording():  # one observation per commit: skipped without a metrics SDK
                 self._observe_latency(batch, delivery, attrs)
             if delivery.delivery_count > 1:  # an earlier delivery may have left a failure record
                 self._clear_failure(batch, delivery, subscription)
@@ -276,22 +276,34 @@ class Worker:
         return attrs
 
     def _observe_latency(self, batch: Batch, delivery: Delivery, attrs: dict[str, str]) -> None:
-        """``dbfanout.commit_to_handler``, one observation per event, from the best commit time known."""
+        """``dbfanout.commit_to_handler``: one observation per source commit the delivery carried.
+
+        The events of one commit (a pg_logical transaction, the rows one read fetched) share their
+        commit time, so they reached the handler equally late: one observation stands for them all,
+        and ``dbfanout.events_handled`` counts the events. One per event would cost the Python SDK
+        about 3 µs each, a fifth of a no-op handler's whole cost per row (BENCHMARKS.md).
+        """
         cfg = self._config.pollers[batch.poller]
         now = time.time()
         source_kind = _COMMIT_KIND.get(cfg.kind, "source")
-        fallback = (batch.read_at, "read") if batch.read_at is not None else (delivery.enqueued_time, "enqueued")
-        zone = _zone(cfg.cursor_timezone)
-        record = metrics.commit_to_handler.record
-        labelled = {kind: {**attrs, "commit_time": kind} for kind in (source_kind, "cursor", "read", "enqueued")}
+        cursor_is_commit_time = cfg.cursor_is_commit_time
+        commits: dict[tuple[dt.datetime, str], None] = {}  # distinct (commit time, where it came from)
+        unknown = False  # an event whose commit time the source does not know
         for event in batch.events:
-            when, kind = event.committed_at, source_kind
-            if when is None and cfg.cursor_is_commit_time and isinstance(event.cursor, dt.datetime):
-                when, kind = event.cursor if event.cursor.tzinfo else event.cursor.replace(tzinfo=zone), "cursor"
-            if when is None:
-                when, kind = fallback
+            if event.committed_at is not None:
+                commits[event.committed_at, source_kind] = None
+            elif cursor_is_commit_time and isinstance(event.cursor, dt.datetime):
+                cursor = event.cursor
+                commits[cursor if cursor.tzinfo else cursor.replace(tzinfo=_zone(cfg.cursor_timezone)), "cursor"] = None
+            else:
+                unknown = True
+        if unknown:  # the poller's read (or the broker's enqueue): one time for the whole message
+            when = batch.read_at if batch.read_at is not None else delivery.enqueued_time
             if when is not None:
-                record(max(0.0, now - when.timestamp()), labelled[kind])
+                commits[when, "read" if batch.read_at is not None else "enqueued"] = None
+        record = metrics.commit_to_handler.record
+        for (when, kind), _ in commits.items():
+            record(max(0.0, now - when.timestamp()), {**attrs, "commit_time": kind})
 
     def _record_failure(self, batch: Batch, delivery: Delivery, subscription: str | None, error: Exception) -> None:
         """Leave this failure where ``dbfanout dlq`` finds it; never fails the delivery further."""

@@ -150,53 +150,61 @@ def test_a_failed_delivery_span_records_the_scrubbed_exception() -> None:
     assert "HandlerError" in texts and "AccountKey=***" in texts and SECRET not in texts
 
 
-AGO_30S = object()  # a time 30 s before the test runs
+AGO = object()  # the event's commit time: 30, 31 or 32 s before the test runs, two events each
 
 
 @pytest.mark.parametrize(
-    ("kind", "changes", "event_changes", "label"),
+    ("kind", "changes", "field", "label"),
     [
-        (
-            "pg_logical",
-            {"kind": "pg_logical"},
-            {"committed_at": AGO_30S},
-            "pg_commit",
-        ),
-        (
-            "outbox",
-            {"kind": "outbox"},
-            {"committed_at": AGO_30S},
-            "outbox_created",
-        ),
-        (
-            "cursor",
-            {"cursor_is_commit_time": True},
-            {"cursor": AGO_30S},
-            "cursor",
-        ),
-        ("read", {}, {}, "read"),
+        ("pg_logical", {"kind": "pg_logical"}, "committed_at", "pg_commit"),
+        ("outbox", {"kind": "outbox"}, "committed_at", "outbox_created"),
+        ("cursor", {"cursor_is_commit_time": True}, "cursor", "cursor"),
+        ("read", {}, None, "read"),
     ],
 )
-def test_commit_to_handler_gets_one_observation_per_event_from_the_best_known_commit_time(
-    kind: str, changes: dict[str, object], event_changes: dict[str, Any], label: str
+def test_commit_to_handler_gets_one_observation_per_commit_from_the_best_known_commit_time(
+    kind: str, changes: dict[str, object], field: str | None, label: str
 ) -> None:
-    # Given a 5-event message whose commit time comes from the source, the cursor or the send
-    # (30 s ago, taken now: parametrize values are built when the suite is collected)
-    event_changes = {
-        k: dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30) if v is AGO_30S else v for k, v in event_changes.items()
-    }
+    # Given a 6-event message from three commits, two events each, whose commit time comes from the
+    # source, the cursor or (unknown: one time for the whole message) the poller's read
+    now = dt.datetime.now(dt.UTC)  # taken now: parametrize values are built when the suite is collected
     poller = _poller_name()
-    (message,) = _send(poller, _batch(poller, 5, **event_changes))
+    batch = _batch(poller, 6)
+    if field is not None:
+        events = tuple(
+            replace(e, **{field: now - dt.timedelta(seconds=30 + i // 2)}) for i, e in enumerate(batch.events)
+        )
+        batch = replace(batch, events=events)
+    (message,) = _send(poller, batch)
     # When the worker handles it
     _worker(poller, Handler(), **changes).process(_delivery(message))
-    # Then five observations, labelled with where the time came from, and about as old as it
+    # Then one observation per commit (one for the read), labelled with where the time came from, as old as it
     found = [p for attrs, p in otel.points().get("dbfanout.commit_to_handler", []) if attrs.get("poller") == poller]
-    assert [p.count for p in found] == [5]
+    assert [p.count for p in found] == [1 if field is None else 3]
     (attrs,) = [a for a, _ in otel.points()["dbfanout.commit_to_handler"] if a.get("poller") == poller]
     assert attrs == {"poller": poller, "queue": "orders-changes", "commit_time": label}
-    if label != "read":
-        assert found[0].min >= 29.0 and found[0].max < 60.0
-    assert otel.total("dbfanout.events_handled", poller=poller) == 5
+    if field is not None:
+        assert 30.0 <= found[0].min < 31.0 and 32.0 <= found[0].max < 60.0
+    # And the events are counted where events are counted
+    assert otel.total("dbfanout.events_handled", poller=poller) == 6
+
+
+def test_events_without_a_known_commit_time_add_one_read_time_observation_beside_the_commits() -> None:
+    # Given an outbox message (commit time known) whose last event, from an older writer, has none
+    now = dt.datetime.now(dt.UTC)
+    poller = _poller_name()
+    batch = _batch(poller, 3)
+    events = (replace(batch.events[0], committed_at=now - dt.timedelta(seconds=40)), *batch.events[1:])
+    (message,) = _send(poller, replace(batch, events=events))
+    # When the worker handles it
+    _worker(poller, Handler(), kind="outbox").process(_delivery(message))
+    # Then one observation from the outbox row's time and one from the poller's read
+    points = {
+        a["commit_time"]: p for a, p in otel.points().get("dbfanout.commit_to_handler", []) if a["poller"] == poller
+    }
+    assert sorted(points) == ["outbox_created", "read"]
+    assert points["outbox_created"].count == 1 and points["outbox_created"].min >= 40.0
+    assert points["read"].count == 1 and points["read"].max < 30.0
 
 
 def test_a_poisoned_event_counts_dead_lettered_once_and_each_failed_delivery() -> None:
