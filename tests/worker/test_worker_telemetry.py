@@ -171,9 +171,8 @@ def test_commit_to_handler_gets_one_observation_per_commit_from_the_best_known_c
     poller = _poller_name()
     batch = _batch(poller, 6)
     if field is not None:
-        events = tuple(
-            replace(e, **{field: now - dt.timedelta(seconds=30 + i // 2)}) for i, e in enumerate(batch.events)
-        )
+        times: list[dict[str, Any]] = [{field: now - dt.timedelta(seconds=30 + i // 2)} for i in range(6)]
+        events = tuple(replace(e, **t) for e, t in zip(batch.events, times, strict=True))
         batch = replace(batch, events=events)
     (message,) = _send(poller, batch)
     # When the worker handles it
