@@ -379,6 +379,19 @@ var workbookContent = {
     }
     {
       type: 3
+      name: 'why-failed'
+      content: {
+        version: 'KqlItem/1.0'
+        title: 'Why deliveries failed: the latest 100, with the exception (scrubbed) each handler raised'
+        query: 'requests | where name == "dbfanout.deliver" and success == false | extend poller = tostring(customDimensions["dbfanout.poller"]), queue = tostring(customDimensions["messaging.destination.name"]), subscription = tostring(customDimensions["dbfanout.subscription"]), message_id = tostring(customDimensions["messaging.message.id"]), delivery = toint(customDimensions["dbfanout.delivery_count"]) | join kind=leftouter (exceptions | project span_id = operation_ParentId, error = type, reason = outerMessage) on $left.id == $right.span_id | project timestamp, poller, queue, subscription, message_id, delivery, error, reason | order by timestamp desc | take 100'
+        size: 1
+        queryType: 0
+        resourceType: 'microsoft.insights/components'
+        visualization: 'table'
+      }
+    }
+    {
+      type: 3
       name: 'dead-letters'
       content: {
         version: 'KqlItem/1.0'

@@ -9,10 +9,12 @@ from pathlib import Path
 from types import ModuleType
 
 import shared.telemetry
+import shared.tracing
 from tests.infra.conftest import FIXTURE_CONFIG, INFRA
 from tests.infra.test_consistency import checks_of, edit_parameters, write_config
 
 ALERTS = INFRA / "modules" / "alerts.bicep"
+REPO = INFRA.parent
 
 
 def _pollers(infra: Path = INFRA) -> list[dict[str, object]]:
@@ -71,9 +73,10 @@ def test_the_alert_and_workbook_queries_read_metrics_the_code_emits() -> None:
     text = ALERTS.read_text(encoding="utf-8")
     queried = set(re.findall(r'name (?:==|in \() ?"(dbfanout\.[\w.]+)"', text))
     queried |= set(re.findall(r'"(dbfanout\.[\w.]+)"', text))
-    # Then each is an instrument of shared/telemetry.py (names are a contract: renaming one breaks them)
-    source = Path(shared.telemetry.__file__).read_text(encoding="utf-8")
-    emitted = set(re.findall(r'"(dbfanout\.[\w.]+)"', source))
+    # Then each is an instrument of shared/telemetry.py, or a span name or span attribute of
+    # shared/tracing.py and the worker (names are a contract: renaming one breaks them)
+    emitters = (Path(shared.telemetry.__file__), Path(shared.tracing.__file__), REPO / "worker" / "runtime.py")
+    emitted = {name for path in emitters for name in re.findall(r'"(dbfanout\.[\w.]+)"', path.read_text("utf-8"))}
     assert queried and queried <= emitted, queried - emitted
     for needed in (
         "dbfanout.last_success_timestamp",
@@ -83,6 +86,7 @@ def test_the_alert_and_workbook_queries_read_metrics_the_code_emits() -> None:
         "dbfanout.commit_to_handler",
         "dbfanout.events_handled",
         "dbfanout.deliveries.failed",
+        "dbfanout.deliver",  # the failed delivery spans, joined to their exceptions: why each failed
     ):
         assert needed in queried
 
