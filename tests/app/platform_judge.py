@@ -18,7 +18,7 @@ arranges ``sys.path`` before the app is imported:
 Prints ``{"functions": {name: function.json}}`` on success; any load error exits non-zero.
 
 ``--invoke FILE`` then runs invocations (a JSON list of ``{"function", "input": {kind: value},
-"metadata": {name: {kind: value}}}``; ``bytes`` values in base64) the way the runtime's
+"metadata": {name: {kind: value}}, "expect_error": bool}``; ``bytes`` values in base64) the way the runtime's
 ``invocation_request`` does: each parameter is converted by the runtime's own
 ``bindings.meta.from_incoming_proto`` from the host's TypedData, and the function is called with them.
 """
@@ -71,8 +71,11 @@ def _typed(spec: dict[str, object]) -> _TypedData:
     return _TypedData(kind, value)
 
 
-def invoke(meta: types.ModuleType, info: object, invocation: dict[str, object]) -> None:
-    """Convert the inputs as ``invocation_request`` does, then call the function (sync functions)."""
+def invoke(meta: types.ModuleType, info: object, invocation: dict[str, object]) -> dict[str, str] | None:
+    """Convert the inputs as ``invocation_request`` does, then call the function (sync functions).
+
+    With ``"expect_error": true`` the function must raise: its exception's type and text (what the
+    worker reports to the host, which logs it) are returned instead of failing the judge."""
     metadata = {k: _typed(v) for k, v in dict(invocation.get("metadata") or {}).items()}  # type: ignore[call-overload]
     args = {}
     for name, param in info.input_types.items():  # type: ignore[attr-defined]
@@ -84,8 +87,16 @@ def invoke(meta: types.ModuleType, info: object, invocation: dict[str, object]) 
             pytype=param.pytype,
             function_name=info.name,  # type: ignore[attr-defined]
         )
-    result = info.func(**args)  # type: ignore[attr-defined]
-    assert result is None, f"{info.name} returned {result!r}"  # type: ignore[attr-defined]
+    name = info.name  # type: ignore[attr-defined]
+    try:
+        result = info.func(**args)  # type: ignore[attr-defined]
+    except Exception as exc:
+        if not invocation.get("expect_error"):
+            raise
+        return {"function": name, "type": type(exc).__name__, "message": str(exc)}
+    assert not invocation.get("expect_error"), f"{name} was expected to raise and returned {result!r}"
+    assert result is None, f"{name} returned {result!r}"
+    return None
 
 
 def main() -> None:
@@ -110,7 +121,7 @@ def main() -> None:
     loader = importlib.import_module("azure_functions_runtime.loader")
     meta.load_binding_registry()
     registry = registry_module.Registry()
-    indexed, infos = {}, {}
+    indexed, infos, errors = {}, {}, []
     for function in loader.index_function_app(os.path.join(args.app, "function_app.py")):
         name = function.get_function_name()
         infos[name] = registry.add_indexed_function(function, PROTOS)  # raises FunctionLoadError like the worker
@@ -118,9 +129,11 @@ def main() -> None:
     if args.invoke:
         with open(args.invoke) as f:
             for invocation in json.load(f):
-                invoke(meta, infos[invocation["function"]], invocation)
+                error = invoke(meta, infos[invocation["function"]], invocation)
+                if error is not None:
+                    errors.append(error)
     sdk = importlib.import_module("azure.functions")
-    print(json.dumps({"functions": indexed, "azure_functions": sdk.__version__}))
+    print(json.dumps({"functions": indexed, "azure_functions": sdk.__version__, "errors": errors}))
 
 
 if __name__ == "__main__":

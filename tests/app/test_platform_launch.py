@@ -306,27 +306,103 @@ def test_the_platform_runtime_ticks_the_app(
         client.get_queue_receiver(queue, max_wait_time=5) as receiver,
     ):
         (msg,) = receiver.receive_messages(max_message_count=5, max_wait_time=5)
-        properties = json.dumps({_plain(k): _plain(v) for k, v in (msg.application_properties or {}).items()})
-        assert msg.delivery_count is not None and msg.enqueued_time_utc is not None
-        delivery = {
-            "function": f"work_{queue.replace('-', '_')}",
-            "input": {"bytes": base64.b64encode(b"".join(msg.body)).decode()},
-            "metadata": {
-                "MessageId": {"string": str(msg.message_id)},
-                "DeliveryCount": {"json": json.dumps(msg.delivery_count + 1)},  # the host counts from 1
-                "EnqueuedTimeUtc": {"string": msg.enqueued_time_utc.isoformat()},
-                "ContentType": {"string": str(msg.content_type)},
-                "ApplicationProperties": {"json": properties},
-                "UserProperties": {"json": properties},  # the SDK tells cardinality one by this field
-            },
-        }
         work = tmp_path / "work.json"
-        work.write_text(json.dumps([delivery]))
+        work.write_text(json.dumps([_delivery_invocation(f"work_{queue.replace('-', '_')}", msg)]))
         launch(mode, app, [runtime_site], tmp_path, env, invoke=work)
         receiver.complete_message(msg)
     # Then the handler was given both rows, through the runtime's conversions, on this Python
     handled = [json.loads(line) for line in (tmp_path / "handled.jsonl").read_text().splitlines()]
     assert sorted((e["pk"]["id"], e["after"]["v"]) for e in handled) == [(1, "one"), (2, "two")]
+
+
+POISON_HANDLER = """
+def handle(events, context):
+    for e in events:
+        raise ConnectionError(
+            f"cannot write row {e.pk['id']} to Endpoint=sb://target.example/;SharedAccessKeyName=w;SharedAccessKey=TOPSECRET="
+        )
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["warm"])
+def test_under_the_platform_runtime_a_dead_letter_carries_its_reason(
+    mode: str, runtime_site: Path, tmp_path: Path, azurite: Any, servicebus: Any
+) -> None:
+    from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
+    from typer.testing import CliRunner
+
+    from dbfanout.cli import app as cli
+    from sbemulator.testing import unique_queue
+    from tests.support.deployment import deployment_copy, probe_app_config
+
+    # Given a deployed app whose handler raises a text holding a connection string, on a queue that
+    # dead-letters at the second delivery (MaxDeliveryCount 2, the poller's max_delivery_count too)
+    app = deployment_copy(tmp_path / "app")
+    (app / "handlers" / "probe.py").write_text(POISON_HANDLER)
+    queue = unique_queue(servicebus, "plat", requires_duplicate_detection=True, max_delivery_count=2)
+    config = tmp_path / "dbfanout.toml"
+    config.write_text(probe_app_config("orders", queue) + "max_delivery_count = 2\n")
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'source.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT)")
+        conn.exec_driver_sql("INSERT INTO orders VALUES (7, 1, 'poison')")
+    engine.dispose()
+    env = {
+        "DBFANOUT_CONFIG": str(config),
+        "DBFANOUT_STATE": azurite.connection_string,
+        "DBFANOUT_SERVICEBUS": servicebus.connection_string,
+        "ORDERS_DB_URL": f"sqlite:///{tmp_path / 'source.db'}",
+    }
+    timer = tmp_path / "timer.json"
+    timer.write_text(json.dumps([{"function": "poll_orders", "input": TIMER_INPUT}]))
+    launch(mode, app, [runtime_site], tmp_path, env, invoke=timer)
+    # When the runtime delivers the message twice, the function raising each time, and the broker
+    # then dead-letters it (the host abandons a failed delivery; here the test does)
+    errors = []
+    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        with client.get_queue_receiver(queue, max_wait_time=5) as receiver:
+            for _ in range(2):
+                (msg,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+                work = tmp_path / "work.json"
+                work.write_text(
+                    json.dumps([_delivery_invocation(f"work_{queue.replace('-', '_')}", msg, expect_error=True)])
+                )
+                errors += launch(mode, app, [runtime_site], tmp_path, env, invoke=work)["errors"]
+                receiver.abandon_message(msg)
+        with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=5) as dlq:
+            assert len(dlq.peek_messages(max_message_count=5)) == 1
+    # Then the text the host would log for each failure names the message and is scrubbed
+    assert [e["type"] for e in errors] == ["HandlerError", "HandlerError"]
+    assert all("SharedAccessKey=***" in e["message"] and "TOPSECRET" not in e["message"] for e in errors)
+    # And `dbfanout dlq peek --json` shows the reason beside the dead letter, from the failure record
+    # the function wrote, keyed by the body the runtime handed it
+    peek = CliRunner().invoke(cli, ["dlq", "peek", queue, "--json", "--config", str(config)], env=env)
+    assert peek.exit_code == 0, peek.output
+    (line,) = json.loads(peek.stdout)
+    failure = line["failure"]
+    assert failure["error"].startswith("ConnectionError: cannot write row 7")
+    assert "SharedAccessKey=***" in failure["error"] and "TOPSECRET" not in peek.stdout
+    assert failure["delivery_count"] == 2 and failure["dead_lettered"] is True
+
+
+def _delivery_invocation(function: str, msg: Any, *, expect_error: bool = False) -> dict[str, Any]:
+    """What the host sends to invoke ``function`` with the received Service Bus message ``msg``."""
+    properties = json.dumps({_plain(k): _plain(v) for k, v in (msg.application_properties or {}).items()})
+    assert msg.delivery_count is not None and msg.enqueued_time_utc is not None
+    return {
+        "function": function,
+        "input": {"bytes": base64.b64encode(b"".join(msg.body)).decode()},
+        "metadata": {
+            "MessageId": {"string": str(msg.message_id)},
+            "DeliveryCount": {"json": json.dumps(msg.delivery_count + 1)},  # the host counts from 1
+            "EnqueuedTimeUtc": {"string": msg.enqueued_time_utc.isoformat()},
+            "ContentType": {"string": str(msg.content_type)},
+            "ApplicationProperties": {"json": properties},
+            "UserProperties": {"json": properties},  # the SDK tells cardinality one by this field
+        },
+        "expect_error": expect_error,
+    }
 
 
 def _plain(value: Any) -> Any:
