@@ -111,6 +111,10 @@ class OutboxSource:
         page = self._keyset().fetch(after, limit)
         return page.mapped(self._to_change)
 
+    def pending_rows(self, after: Position | None, limit: int) -> int:
+        """Outbox rows not yet sent, counted up to ``limit`` (the same read as ``fetch``)."""
+        return self._keyset().pending_rows(after, limit)
+
     @contextmanager
     def pinned(self) -> Iterator[None]:
         with self._keyset().pinned():

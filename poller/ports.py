@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from shared.models import Batch, Checkpoint, CursorValue, Position, StateDoc
 
@@ -242,6 +242,15 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class CountsPending(Protocol):
+    """A source that can count the rows a fetch would still return (keyset and outbox reads)."""
+
+    def pending_rows(self, after: Position | None, limit: int) -> int:
+        """Rows a fetch after ``after`` would return, counted up to ``limit`` (one bounded count)."""
+        ...
 
 
 class Sink(Protocol):

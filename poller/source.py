@@ -190,7 +190,22 @@ class SqlSource:
     def keyset_query(self, after: Position | None, limit: int) -> tuple[sa.Select[Any], dict[str, Any]] | None:
         """The SELECT and parameters ``fetch`` runs (EXPLAIN tests, raw-scan benchmarks); None if empty."""
         with self._db_errors("plan"), self._engine.connect() as conn:
-            plan = self._plan or self._make_plan(conn, self._resolve(conn))
+            return self._planned(conn, after, limit)
+
+    def pending_rows(self, after: Position | None, limit: int) -> int:
+        """Rows a fetch after ``after`` would return (settle window and filter included), counted up
+        to ``limit``: one ``count(*)`` over the same keyset read, bounded so a deep backlog stays cheap."""
+        with self._db_errors("fetch"), self._engine.connect() as conn:
+            planned = self._planned(conn, after, limit)
+            if planned is None:
+                return 0
+            select, params = planned
+            return int(conn.execute(sa.select(sa.func.count()).select_from(select.subquery()), params).scalar_one())
+
+    def _planned(
+        self, conn: sa.Connection, after: Position | None, limit: int
+    ) -> tuple[sa.Select[Any], dict[str, Any]] | None:
+        plan = self._plan or self._make_plan(conn, self._resolve(conn))
         if plan is None:
             return None
         if after is None:

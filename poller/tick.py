@@ -37,7 +37,7 @@ from zoneinfo import ZoneInfo
 from poller.committer import Committer
 from poller.events import page_batch
 from poller.lease import LeaseKeeper
-from poller.ports import Page, Sink, Source, StateStore
+from poller.ports import CountsPending, Page, Sink, Source, StateStore
 from poller.prefetch import PageReader, Prefetcher, Sequential
 from poller.sticky import StickyLease
 from poller.wake import NotifyWaker
@@ -45,9 +45,9 @@ from shared.config import PollerConfig
 from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
 from shared.models import Batch, Checkpoint, Position
-from shared.telemetry import metrics
+from shared.telemetry import metrics, recording
 
-__all__ = ["IDLE_BACKOFF", "LINGER_MARGIN", "Tick", "TickResult", "default_owner_id", "run_tick"]
+__all__ = ["IDLE_BACKOFF", "LAG_ROWS_LIMIT", "LINGER_MARGIN", "Tick", "TickResult", "default_owner_id", "run_tick"]
 
 log = get_logger("poller.tick")
 
@@ -56,6 +56,8 @@ StopReason = Literal["caught_up", "max_batches", "time_budget", "lease_held", "l
 #: A lingering tick ends this long before the timer's next occurrence (seconds): a timer whose
 #: function still runs when it is due skips that occurrence.
 LINGER_MARGIN = 0.1
+#: ``dbfanout.lag_rows`` counts a backlog up to this many rows: one bounded count per tick that stops short.
+LAG_ROWS_LIMIT = 10_000
 #: An idle linger polls at most this many times less often than ``poll_interval_ms``.
 IDLE_BACKOFF = 4
 
@@ -124,6 +126,8 @@ def run_tick(
             if linger_until is not None and result.stop_reason == "caught_up":
                 result = tick.linger(keeper, result, linger_until)
         tick.acknowledge(keeper.checkpoint)
+        if recording():  # a count query only when the metric is exported, and only when behind
+            tick.observe_lag_rows(result, keeper.checkpoint)
         failed = False
         return result
     except LostLeaseError:
@@ -358,6 +362,24 @@ class Tick:
                 self.source.acknowledge(checkpoint)
         except Exception as exc:
             log.warning("source housekeeping after the commit failed: %r", exc, extra=ids(poller=self.name))
+
+    def observe_lag_rows(self, result: TickResult, checkpoint: Checkpoint) -> None:
+        """``dbfanout.lag_rows``: 0 when the tick caught up (no query), else the rows still after
+        the checkpoint, counted up to :data:`LAG_ROWS_LIMIT`; sources that cannot count are skipped."""
+        if not isinstance(self.source, CountsPending):
+            return
+        attrs = {"poller": self.name}
+        if result.stop_reason == "caught_up":
+            metrics.lag_rows.record(0, attrs)
+            return
+        if result.stop_reason not in ("max_batches", "time_budget"):
+            return
+        try:
+            pending = self.source.pending_rows(checkpoint.position, LAG_ROWS_LIMIT)
+        except Exception as exc:  # a metric never fails a tick that landed
+            log.warning("could not count the rows still to send: %r", exc, extra=ids(poller=self.name))
+            return
+        metrics.lag_rows.record(pending, attrs)
 
     def release(self, keeper: LeaseKeeper) -> None:
         """Give the lease up (best effort, never raises): the next tick may take it at once."""

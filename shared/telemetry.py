@@ -62,16 +62,24 @@ class Metrics:
     commit_to_handler: otel_metrics.Histogram
     retained_wal_bytes: LatestValue  # observable gauge, pg_logical pollers
     lag_wal_bytes: LatestValue  # observable gauge, pg_logical pollers: WAL not yet delivered
+    lag_rows: LatestValue  # observable gauge, keyset and outbox pollers: rows not yet sent (bounded)
 
 
 def _build() -> Metrics:
     meter = otel_metrics.get_meter("dbfanout")
-    last_success, retained_wal, lag_wal = LatestValue(), LatestValue(), LatestValue()
+    last_success, retained_wal, lag_wal, lag_rows = LatestValue(), LatestValue(), LatestValue(), LatestValue()
     meter.create_observable_gauge(
         "dbfanout.last_success_timestamp",
         callbacks=[last_success.observe],
         unit="s",
         description="unix time of the poller's last tick that ended without error",
+    )
+    meter.create_observable_gauge(
+        "dbfanout.lag_rows",
+        callbacks=[lag_rows.observe],
+        unit="{row}",
+        description="rows after the checkpoint not yet sent (keyset, outbox), counted up to 10,000 when a tick "
+        "stops short of the end; 0 after a tick that caught up",
     )
     meter.create_observable_gauge(
         "dbfanout.pg_logical.retained_wal",
@@ -115,6 +123,7 @@ def _build() -> Metrics:
         ),
         retained_wal_bytes=retained_wal,
         lag_wal_bytes=lag_wal,
+        lag_rows=lag_rows,
     )
 
 

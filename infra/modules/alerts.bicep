@@ -340,6 +340,19 @@ var workbookContent = {
     }
     {
       type: 3
+      name: 'lag-rows'
+      content: {
+        version: 'KqlItem/1.0'
+        title: 'Rows behind per poller (keyset and outbox; counted up to 10,000)'
+        query: 'customMetrics | where name == "dbfanout.lag_rows" | summarize rows = max(valueMax) by bin(timestamp, 5m), poller = tostring(customDimensions.poller) | render timechart'
+        size: 0
+        queryType: 0
+        resourceType: 'microsoft.insights/components'
+        visualization: 'timechart'
+      }
+    }
+    {
+      type: 3
       name: 'throughput'
       content: {
         version: 'KqlItem/1.0'

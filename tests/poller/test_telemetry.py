@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from poller.state_memory import MemoryStateStore
 from poller.tick import run_tick
 from tests.poller.tick_support import RecordingSink, SourceTable, make_poller
 from tests.support import otel
+from tests.support.databases import unique_name
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +70,39 @@ def test_a_tick_counts_rows_and_failures_by_stage(reader: InMemoryMetricReader, 
     }
     assert {stage: v for stage, v in failures.items() if v} == {"send": 1}
     assert "dbfanout.last_success_timestamp" in points
+
+
+def _latest(reader: InMemoryMetricReader, name: str, poller: str) -> float | None:
+    found = [v for attrs, v in _points(reader).get(name, []) if attrs.get("poller") == poller]
+    return found[-1] if found else None
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql", "mariadb"])
+def test_lag_rows_counts_the_backlog_a_tick_left_and_is_zero_once_caught_up(
+    database: str, reader: InMemoryMetricReader, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue({"sqlite": "sqlite_url", "postgresql": "pg_url", "mariadb": "mysql_url"}[database])
+    name = unique_name("lagrows")
+    table = SourceTable(url, name)
+    table.upsert(range(57))
+    # Given a poller that sends at most 2 pages of 10 rows a tick
+    poller = replace(make_poller(url, name, max_batches_per_tick=2), name=name)
+    store = MemoryStateStore(name)
+    try:
+        # When a tick stops short of the end, the gauge is the rest: 57 - 20
+        result = run_tick(poller, SqlSource(poller), store, RecordingSink(), owner_id="a")
+        assert result.stop_reason == "max_batches"
+        assert _latest(reader, "dbfanout.lag_rows", name) == 37
+        # ... counted only up to the bound (a deep backlog costs one bounded count, not a scan)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("poller.tick.LAG_ROWS_LIMIT", 5)
+            run_tick(poller, SqlSource(poller), store, RecordingSink(), owner_id="a")
+        assert _latest(reader, "dbfanout.lag_rows", name) == 5
+        # Then a tick that reaches the end says 0
+        result = run_tick(poller, SqlSource(poller), store, RecordingSink(), owner_id="a")
+        assert result.stop_reason == "caught_up"
+        assert _latest(reader, "dbfanout.lag_rows", name) == 0
+    finally:
+        with table.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        table.engine.dispose()
