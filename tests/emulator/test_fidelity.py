@@ -48,7 +48,8 @@ def test_auto_lock_renewer_renews_many_locks_at_once_without_killing_the_connect
         first_until = {m.sequence_number: m.locked_until_utc for m in got}
         for m in got:
             renewer.register(receiver, m)
-        # When the locks have been renewed at least twice past their first expiry (returns once they are; the 50 s bound is for a loaded machine)
+        # When the locks have been renewed at least twice past their first expiry (the wait returns
+        # once they are; its 50 s bound is for a loaded machine)
         wait_until(lambda: all(_renewed_twice(m, first_until) for m in got), timeout=50)
         # Then every message can still be completed: the connection survived
         for m in got:
