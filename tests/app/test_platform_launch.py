@@ -276,26 +276,11 @@ def test_the_platform_runtime_ticks_the_app(
 ) -> None:
     from azure.servicebus import ServiceBusClient
 
-    from sbemulator.testing import unique_queue
-    from tests.support.deployment import PROBE_HANDLER, deployment_copy, probe_app_config
+    from tests.support.deployment import PROBE_HANDLER
 
     # Given a deployment of the app with a SQLite poller, Azurite and the emulator
-    app = deployment_copy(tmp_path / "app")
-    (app / "handlers" / "probe.py").write_text(PROBE_HANDLER)
-    queue = unique_queue(servicebus, "plat", requires_duplicate_detection=True)
-    (tmp_path / "dbfanout.toml").write_text(probe_app_config("orders", queue))
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'source.db'}")
-    with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT)")
-        conn.exec_driver_sql("INSERT INTO orders VALUES (1, 1, 'one'), (2, 2, 'two')")
-    engine.dispose()
-    env = {
-        "DBFANOUT_CONFIG": str(tmp_path / "dbfanout.toml"),
-        "DBFANOUT_STATE": azurite.connection_string,
-        "DBFANOUT_SERVICEBUS": servicebus.connection_string,
-        "ORDERS_DB_URL": f"sqlite:///{tmp_path / 'source.db'}",
-        "PROBE_FILE": str(tmp_path / "handled.jsonl"),
-    }
+    app, queue, env = _probe_deployment(tmp_path, azurite, servicebus, PROBE_HANDLER, "(1, 1, 'one'), (2, 2, 'two')")
+    env["PROBE_FILE"] = str(tmp_path / "handled.jsonl")
     # When the runtime invokes the timer function
     timer = tmp_path / "timer.json"
     timer.write_text(json.dumps([{"function": "poll_orders", "input": TIMER_INPUT}]))
@@ -333,27 +318,13 @@ def test_under_the_platform_runtime_a_dead_letter_carries_its_reason(
     from typer.testing import CliRunner
 
     from dbfanout.cli import app as cli
-    from sbemulator.testing import unique_queue
-    from tests.support.deployment import deployment_copy, probe_app_config
 
     # Given a deployed app whose handler raises a text holding a connection string, on a queue that
     # dead-letters at the second delivery (MaxDeliveryCount 2, the poller's max_delivery_count too)
-    app = deployment_copy(tmp_path / "app")
-    (app / "handlers" / "probe.py").write_text(POISON_HANDLER)
-    queue = unique_queue(servicebus, "plat", requires_duplicate_detection=True, max_delivery_count=2)
+    app, queue, env = _probe_deployment(
+        tmp_path, azurite, servicebus, POISON_HANDLER, "(7, 1, 'poison')", max_delivery_count=2
+    )
     config = tmp_path / "dbfanout.toml"
-    config.write_text(probe_app_config("orders", queue) + "max_delivery_count = 2\n")
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'source.db'}")
-    with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT)")
-        conn.exec_driver_sql("INSERT INTO orders VALUES (7, 1, 'poison')")
-    engine.dispose()
-    env = {
-        "DBFANOUT_CONFIG": str(config),
-        "DBFANOUT_STATE": azurite.connection_string,
-        "DBFANOUT_SERVICEBUS": servicebus.connection_string,
-        "ORDERS_DB_URL": f"sqlite:///{tmp_path / 'source.db'}",
-    }
     timer = tmp_path / "timer.json"
     timer.write_text(json.dumps([{"function": "poll_orders", "input": TIMER_INPUT}]))
     launch(mode, app, [runtime_site], tmp_path, env, invoke=timer)
@@ -384,6 +355,34 @@ def test_under_the_platform_runtime_a_dead_letter_carries_its_reason(
     assert failure["error"].startswith("ConnectionError: cannot write row 7")
     assert "SharedAccessKey=***" in failure["error"] and "TOPSECRET" not in peek.stdout
     assert failure["delivery_count"] == 2 and failure["dead_lettered"] is True
+
+
+def _probe_deployment(
+    tmp_path: Path, azurite: Any, servicebus: Any, handler: str, rows: str, *, max_delivery_count: int | None = None
+) -> tuple[Path, str, dict[str, str]]:
+    """A deployment copy of the app whose one poller reads a SQLite table holding ``rows`` (SQL
+    values) into a fresh queue, its handler ``handler``; the app folder, the queue, the settings."""
+    from sbemulator.testing import unique_queue
+    from tests.support.deployment import deployment_copy, probe_app_config
+
+    app = deployment_copy(tmp_path / "app")
+    (app / "handlers" / "probe.py").write_text(handler)
+    limits = {} if max_delivery_count is None else {"max_delivery_count": max_delivery_count}
+    queue = unique_queue(servicebus, "plat", requires_duplicate_detection=True, **limits)
+    config = probe_app_config("orders", queue) + "".join(f"{k} = {v}\n" for k, v in limits.items())
+    (tmp_path / "dbfanout.toml").write_text(config)
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'source.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT)")
+        conn.exec_driver_sql(f"INSERT INTO orders VALUES {rows}")
+    engine.dispose()
+    env = {
+        "DBFANOUT_CONFIG": str(tmp_path / "dbfanout.toml"),
+        "DBFANOUT_STATE": azurite.connection_string,
+        "DBFANOUT_SERVICEBUS": servicebus.connection_string,
+        "ORDERS_DB_URL": f"sqlite:///{tmp_path / 'source.db'}",
+    }
+    return app, queue, env
 
 
 def _delivery_invocation(function: str, msg: Any, *, expect_error: bool = False) -> dict[str, Any]:
