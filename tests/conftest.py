@@ -13,6 +13,12 @@ from tests.support.databases import MYSQL_URL, PG_URL, unreachable_reason
 
 FULL = os.environ.get("DBFANOUT_FULL_TESTS") == "1"
 
+# pytest-xdist's workers inherit COLUMNS=80 (and LINES) from the controller, and rich fixes a
+# console's width from COLUMNS when the console is made: the CLI's consoles are made at import, so
+# they would keep 80 columns and the CLI tests could not widen them with their own COLUMNS.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 # No per-example deadline: CI runs the 3.13 tests beside the 3.11 suite at the lowest CPU priority,
 # where an example may wait for the CPU; what the properties check is correctness, not speed.
 settings.register_profile("dbfanout", deadline=None)
