@@ -11,13 +11,14 @@ keyset     : a keyset poller (cursor id) on the table, run_tick() until caught u
 snapshot   : a pg_logical poller with snapshot = "initial", run_tick() until its snapshot finished
              (chunk select + high watermark → peek to it → emit, a page at a time), no concurrent
              writes; chunks of --chunk rows (0: the default, snapshot_chunk_size unset)
-latency    : the live stream's commit → sink latency (a writer thread inserts a row every 20 ms),
+latency    : the live stream's commit → sink latency (a writer process inserts a row every 20 ms),
              idle (the stream alone) and during snapshots (run back to back for as long), median
              and p95. Measured from the transaction's commit time as the log carries it (the
-             event's committed_at); "from the insert" also counts the time before the commit
-             (the writer's statement, and its thread waiting for this process's GIL)
+             event's committed_at); "from the insert" also counts the writer's statement
 
-Both sinks build every event (ids, envelope fields). State in memory; max_batches_per_tick 20
+The heap built by the imports is frozen out of the cyclic GC (``gc.freeze()``), as
+function_app.py does at startup for ``dbfanout run`` and the Functions host. Both sinks build every
+event (ids, envelope fields). State in memory; max_batches_per_tick 20
 (the default) for both. Rows per second, the best of
 --repeat rounds, and the process RSS before and after each phase (flat = the snapshot does not
 hold the table in memory). The slot, publication and tables are dropped afterwards.
@@ -26,12 +27,14 @@ hold the table in memory). The slot, publication and tables are dropped afterwar
 from __future__ import annotations
 
 import argparse
+import gc
+import multiprocessing
 import statistics
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -114,21 +117,32 @@ def snapshot_run(config: PollerConfig, sink: EventSink) -> float:
     raise RuntimeError("the snapshot did not finish")
 
 
-class Writer(threading.Thread):
-    """One insert every 20 ms, its value the wall time of the commit (about)."""
+def write_rows(url: str, table: str, first_id: int, stop: Any) -> None:
+    """One insert every 20 ms (its value the wall time before the INSERT) until ``stop`` is set."""
+    engine = sa.create_engine(url)
+    next_id = first_id
+    while not stop.wait(0.02):
+        with engine.begin() as conn:
+            statement = sa.text(f"INSERT INTO {table} (id, v, n) VALUES (:i, :v, 0)")
+            conn.execute(statement, {"i": next_id, "v": f"t={time.time():.6f}"})
+        next_id += 1
+    engine.dispose()
+
+
+class Writer:
+    """The live stream's writer, in a process of its own (as an application is): a thread here would
+    wait for this process's GIL to commit, and its commits would cluster where the poller waits."""
 
     def __init__(self, table: LogicalTable, first_id: int) -> None:
-        super().__init__(daemon=True)
-        self.table, self.next_id, self.stop = table, first_id, threading.Event()
+        context = multiprocessing.get_context("spawn")
+        self.stop = context.Event()
+        self._process = context.Process(target=write_rows, args=(table.url, table.name, first_id, self.stop))
 
-    def run(self) -> None:
-        while not self.stop.wait(0.02):
-            with self.table.engine.begin() as conn:
-                conn.execute(
-                    sa.text(f"INSERT INTO {self.table.name} (id, v, n) VALUES (:i, :v, 0)"),
-                    {"i": self.next_id, "v": f"t={time.time():.6f}"},
-                )
-            self.next_id += 1
+    def start(self) -> None:
+        self._process.start()
+
+    def join(self) -> None:
+        self._process.join()
 
 
 def stream_latency(config: PollerConfig, table: LogicalTable, seconds: float, first_id: int) -> EventSink:
@@ -175,6 +189,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=0, help="snapshot_chunk_size (0: the default, 4 pages)")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     args = parser.parse_args()
+    gc.collect()
+    gc.freeze()  # as function_app.py does once the app is imported
     for reason in (unreachable_reason(PG_URL), logical_reason(PG_URL)):
         if reason:
             sys.exit(f"PostgreSQL: {reason}")

@@ -271,12 +271,6 @@ class PgLogicalSource:
         scan = _Scan(begun, key, key)
         buffer: _Buffer | None = None
         to_end, more = False, False
-        known: _Buffer | None = self._local.buffer if getattr(self._local, "pinning", False) else None
-        read_out = known is not None and known.exhausted and _after(known, key) == len(known.changes)
-        if read_out and self._wants_chunk(scan):
-            # This tick's last peek was read to its end: the next chunk first (its watermark's peek
-            # reads whatever came meanwhile, in order) rather than a peek for nothing new.
-            self._begin_chunk(conn, scan)
         for _ in range(_MAX_ROUNDS):
             if len(scan.rows) >= limit:
                 break
