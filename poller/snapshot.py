@@ -80,23 +80,24 @@ _PRIMARY_KEY = sa.text(
     " WHERE i.indrelid = to_regclass(:table) AND i.indisprimary ORDER BY k.n"
 )
 _ESTIMATE = sa.text("SELECT CAST(GREATEST(reltuples, 0) AS bigint) FROM pg_class WHERE oid = to_regclass(:table)")
-_RACY_CTE = "dbfanout_racy__"
-# A chunk: its rows (each with its version, its xmin, then the racy flag) and its high
-# watermark, written in the same statement when it has rows. One row with NULLs when it has none,
-# or when the snapshot is refused (its flag true): a transaction it cannot see is already
-# committed, so its commit may precede the window (see the module docstring). txid_* exist from
-# PostgreSQL 10 on.
+# A chunk, in one statement (one snapshot): its rows in key order, each with its version (its
+# xmin) and the racy flag; and its high watermark, written when it has rows and is not racy. Racy:
+# a transaction the snapshot cannot see is already committed, so its commit may precede the window
+# (see the module docstring); the rows are refused then. An empty chunk cannot be stale: the flag
+# does not matter when no row comes. (A scalar subquery, not EXISTS: the planner drops the ORDER
+# BY and LIMIT of an EXISTS and may scan the table from its start.) txid_* exist from PostgreSQL
+# 10 on.
 _CHUNK = (
     "WITH dbfanout_racy__ AS (SELECT EXISTS (SELECT 1 FROM txid_snapshot_xip(txid_current_snapshot()) AS x(xid)"
     "  WHERE txid_status(x.xid) = 'committed') AS racy),"
-    " dbfanout_chunk__ AS MATERIALIZED (SELECT *, CAST(xmin AS text) AS " + XMIN + " FROM {table}"
-    "  WHERE {where} ORDER BY {cols} LIMIT :n),"
     " dbfanout_mark__ AS (INSERT INTO {signal} (poller, kind, id, data, written_at)"
-    "  SELECT :poller, '" + KIND_WATERMARK + "', :id, '{{}}', now() WHERE EXISTS (SELECT 1 FROM dbfanout_chunk__)"
+    "  SELECT :poller, '" + KIND_WATERMARK + "', :id, '{{}}', now()"
+    "  WHERE NOT (SELECT racy FROM dbfanout_racy__)"
+    "  AND (SELECT 1 FROM {table} WHERE {where} ORDER BY {cols} LIMIT 1) IS NOT NULL"
     "  ON CONFLICT (poller, kind) DO UPDATE SET id = EXCLUDED.id, data = EXCLUDED.data,"
     "  written_at = EXCLUDED.written_at)"
-    " SELECT c.*, r.racy AS dbfanout_racy__ FROM dbfanout_racy__ r LEFT JOIN dbfanout_chunk__ c ON true"
-    " ORDER BY {order}"
+    " SELECT *, CAST(xmin AS text) AS " + XMIN + ", (SELECT racy FROM dbfanout_racy__) AS dbfanout_racy__"
+    " FROM {table} WHERE {where} ORDER BY {cols} LIMIT :n"
 )
 _PUBLISHED = sa.text(
     "SELECT 1 FROM pg_publication_tables WHERE pubname = :pub AND schemaname || '.' || tablename = :table"
@@ -358,7 +359,7 @@ class ChunkReader:
         table = state.tables[0]
         pk = self.pk(table)
         cols = ", ".join(quote_table(p) for p in pk)
-        conditions = [f"NOT (SELECT racy FROM {_RACY_CTE})"]
+        conditions: list[str] = []
         params: dict[str, Any] = {"n": state.chunk_size + 1, "poller": self._config.name, "id": uuid.uuid4().hex}
         if state.last_key is not None:
             binds = ", ".join(f":k{i}" for i in range(len(pk)))
@@ -369,10 +370,9 @@ class ChunkReader:
         statement = sa.text(
             _CHUNK.format(
                 table=quote_table(table),
-                where=" AND ".join(conditions),
+                where=" AND ".join(conditions) or "true",
                 cols=cols,
                 signal=quote_table(self._config.signal_table),
-                order=", ".join(f"c.{quote_table(p)}" for p in pk),
             )
         )
         conn.rollback()  # whatever the connection did before (a peek): the chunk's transaction starts now
@@ -380,11 +380,9 @@ class ChunkReader:
             result = conn.execute(statement, params)
             names = tuple(result.keys())[:-2]  # the row's columns, then the xmin and the racy flag
             fetched = fetch_tuples(result)
-            if fetched[0][-1]:  # a change the select cannot see is already committed
+            if fetched and fetched[0][-1]:  # a change the select cannot see is already committed
                 conn.rollback()
                 return None
-            if fetched[0][-2] is None:  # the one row of an empty chunk (the left join's)
-                fetched = []
             more = len(fetched) > state.chunk_size
             tuples = fetched[: state.chunk_size]
             at = [names.index(p) for p in pk]
