@@ -130,6 +130,7 @@ class _Scan:
     position: tuple[int, int] | None  # the last change read (rows or not)
     rows: list[SourceRow] = field(default_factory=list)
     last: Change | None = None
+    streamed: int = 0  # rows of changes (not of a snapshot chunk)
 
 
 class PgLogicalSource:
@@ -167,6 +168,7 @@ class PgLogicalSource:
         self._signal = config.signal_table
         self._chunks = ChunkReader(config, self._engine)
         self._chunk: Chunk | None = None  # the chunk waiting for its high watermark (ticks are serial)
+        self._owed = False  # the last page went to the stream while a chunk's rows were ready
         self._initial: SnapshotState | None = None
         self._estimates: dict[str, int | None] = {}
         self._checked = False
@@ -263,7 +265,9 @@ class PgLogicalSource:
         The stream goes first: a page that found changes while a snapshot runs is handed over at
         once (marked ``more``), and a chunk's rows fill pages only once the log is read to its
         end (its window stays open meanwhile, see :class:`~poller.snapshot.Chunk`). So a change
-        committed during a snapshot waits for at most about one page of chunk rows.
+        committed during a snapshot waits for at most about one page of chunk rows. And a page of
+        the stream's is followed by one of a ready chunk's, taken without reading the log (they
+        are valid where the last page ended), so a steady stream does not stall the snapshot.
         """
         self._check_slot(conn)
         key = _key(after)
@@ -271,6 +275,9 @@ class PgLogicalSource:
         scan = _Scan(begun, key, key)
         buffer: _Buffer | None = None
         to_end, more = False, False
+        if self._owed:
+            self._owed = False
+            self._emit(scan, limit)
         for _ in range(_MAX_ROUNDS):
             if len(scan.rows) >= limit:
                 break
@@ -294,6 +301,8 @@ class PgLogicalSource:
                 break
             if not (self._wants_chunk(scan) and self._begin_chunk(conn, scan)):
                 break
+        chunk = self._chunk
+        self._owed = bool(scan.streamed) and chunk is not None and chunk.ready_at is not None and not chunk.done
         conn.rollback()  # no snapshot held between pages
         advance = self._advance(scan, begun)
         if buffer is not None:
@@ -362,6 +371,7 @@ class PgLogicalSource:
                 table = c.relation.qualified
                 chunk.saw(c.key, table, self._keys(conn, c) if table == chunk.table else ())
             scan.rows.append(self._row(conn, c, scan.state))
+            scan.streamed += 1
 
     def _request(self, scan: _Scan, c: Change, signal_id: str, data: dict[str, Any]) -> None:
         """A ``dbfanout snapshot`` request read from the log: the snapshot state changes here."""

@@ -152,6 +152,54 @@ def test_keys_changed_between_a_chunks_select_and_its_watermark_are_never_stale_
         assert all(e.change != "read" for e in changed), [(e.change, e.pk) for e in changed]
 
 
+def test_a_key_changed_after_the_watermark_leaves_the_rest_of_its_chunk(logical: LogicalTable) -> None:
+    # Given chunks of 20 sent in pages of 5, one page a tick: a chunk outlives its watermark
+    logical.drop_slot()
+    logical.insert(range(40), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=20, batch_size=5, max_batches_per_tick=1)
+    store, sink, source = MemoryStateStore("p"), RecordingSink(), _source(config)
+    run_tick(config, source, store, sink, owner_id="a")
+    assert [e.pk["id"] for e in events_of(sink.accepted)] == [0, 1, 2, 3, 4]
+    # When rows of the chunk not yet sent change after its watermark was read
+    logical.sql("UPDATE {t} SET v = 'late' WHERE id = 12", "DELETE FROM {t} WHERE id = 15")
+    drain(config, source, store, sink, max_ticks=100)
+    events = events_of(sink.accepted)
+    # Then those keys come only as their changes (the chunk's copies would be older, or resurrect
+    # a deleted row), and the target equals the source
+    assert [(e.change, e.pk["id"]) for e in events if e.pk["id"] in (12, 15)] == [("update", 12), ("delete", 15)]
+    assert sorted(e.pk["id"] for e in events if e.change == "read") == sorted(set(range(40)) - {12, 15})
+    assert rebuild(events) == source_rows(logical)
+
+
+def test_changes_made_during_a_snapshot_go_out_before_the_rest_of_its_chunk_in_the_same_tick(
+    logical: LogicalTable,
+) -> None:
+    # Given a snapshot whose first page of a chunk of 20 went out (pages of 10)
+    logical.drop_slot()
+    logical.insert(range(40), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=20, batch_size=10, max_batches_per_tick=1)
+    store, sink, source = MemoryStateStore("p"), RecordingSink(), _source(config)
+    run_tick(config, source, store, sink, owner_id="a")
+    # When a row is inserted and the next tick may send many pages
+    logical.insert([1000], "live")
+    result = run_tick(config, source, store, next_sink := RecordingSink(), owner_id="a")
+    first = events_of(next_sink.accepted)
+    # Then the change went first, alone in its page, and the tick went on (not "caught up")
+    assert [(e.change, e.pk["id"]) for e in first] == [("insert", 1000)]
+    assert result.stop_reason == "max_batches"
+    # And a page of the chunk's follows, read from memory (a steady stream does not stall it),
+    # then the next change first again, then the rest in the same tick
+    many = replace(config, max_batches_per_tick=20)
+    logical.insert([1001], "live")
+    run_tick(many, source, store, later := RecordingSink(), owner_id="a")
+    pages = [[(e.change, e.pk["id"]) for e in batch.events] for batch in later.accepted]
+    assert pages[0] == [("read", k) for k in range(10, 20)] and pages[1] == [("insert", 1001)]
+    assert [k for page in pages[2:] for _, k in page] == [*range(20, 40), 1000, 1001]
+    assert rebuild([*events_of(sink.accepted), *first, *events_of(later.accepted)]) == source_rows(logical)
+
+
 def test_a_requested_snapshot_of_a_live_poller_resumes_after_its_last_landed_chunk(logical: LogicalTable) -> None:
     # Given a streaming poller (no initial snapshot) over 50 rows that predate its slot
     logical.drop_slot()
