@@ -79,7 +79,11 @@ _PRIMARY_KEY = sa.text(
     " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
     " WHERE i.indrelid = to_regclass(:table) AND i.indisprimary ORDER BY k.n"
 )
-_ESTIMATE = sa.text("SELECT CAST(GREATEST(reltuples, 0) AS bigint) FROM pg_class WHERE oid = to_regclass(:table)")
+# The planner's row count; for a table never analysed (reltuples -1), the statistics' live rows.
+_ESTIMATE = sa.text(
+    "SELECT CAST(CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE COALESCE(s.n_live_tup, 0) END AS bigint)"
+    " FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass(:table)"
+)
 # A chunk, in one statement (one snapshot): its rows in key order, each with its version (its
 # xmin) and the racy flag; and its high watermark, written when it has rows and is not racy. Racy:
 # a transaction the snapshot cannot see is already committed, so its commit may precede the window
@@ -323,7 +327,7 @@ class ChunkReader:
         return self._pks[table]
 
     def estimate(self, tables: Sequence[str]) -> int | None:
-        """Rows the tables hold by the planner's statistics (None when never analysed)."""
+        """Rows the tables hold by the planner's (or the activity) statistics (None when unknown)."""
         with self._engine.connect() as conn:
             counts = [conn.execute(_ESTIMATE, {"table": t}).scalar() for t in tables]
         known = [int(c) for c in counts if c is not None]
