@@ -21,9 +21,10 @@ before the checkpoint are skipped. The slot and the publication are created by
 ``dbfanout validate --fix`` (or :func:`setup_sql`), never at tick time.
 
 Snapshots (``snapshot = "initial"``, ``dbfanout snapshot``) run inside the same fetches: the rows
-that already exist are read in chunks beside the stream, each emitted at its high watermark's log
-position, with DBLog's rule that a key the log changed meanwhile leaves the chunk (see
-:mod:`poller.snapshot`); the snapshot's state rides on every position returned, into the checkpoint.
+that already exist are read in chunks beside the stream, emitted from their high watermark's log
+position on, with DBLog's rule that a key the log changed meanwhile leaves the chunk (see
+:mod:`poller.snapshot`); the stream's changes go first; the snapshot's state rides on every
+position returned, into the checkpoint (with no row, on the page's ``advance``).
 """
 
 from __future__ import annotations

@@ -8,18 +8,21 @@ How (Netflix's DBLog, as Debezium's incremental snapshots do it), one *chunk* at
 
 1. the window opens at the stream position ``P`` the chunk starts from (the low watermark: a
    position already in the log, so it needs no write of its own — see "the low watermark" below);
-2. the chunk is selected by keyset on the primary key (``WHERE (pk) > (last key) ORDER BY pk
-   LIMIT chunk_size``) in a REPEATABLE READ transaction;
-3. a *high watermark* is written to our signal table, which is in the poller's publication, so it
-   appears in the log after every change the chunk's select could have seen;
-4. while the log is read from ``P`` to the high watermark, every key the log changed is dropped
+2. one statement selects the chunk by keyset on the primary key (``WHERE (pk) > (last key) ORDER
+   BY pk LIMIT chunk_size``) and writes a *high watermark* row to our signal table, which is in the
+   poller's publication; the transaction commits after the statement's snapshot, so the watermark
+   appears in the log after every change the select could have seen;
+3. while the log is read from ``P`` to the high watermark, every key the log changed is dropped
    from the chunk (the log delivers that key's newer state itself);
-5. at the high watermark the rest of the chunk is emitted as ``change = "read"`` events, and the
-   snapshot's position (table, last key, counts) advances with the checkpoint.
+4. from the high watermark on, the rest of the chunk is emitted as ``change = "read"`` events, a
+   page at a time, each at the log position read so far; the window stays open until the last row
+   is out (a key changed before its row went leaves the chunk), and the snapshot's position (table,
+   last key, counts) advances with each page's checkpoint.
 
-A chunk row therefore reaches the handler at the log position of the high watermark, after every
-change the select saw and before every change it did not: it can never overwrite a newer change,
-and a key deleted meanwhile is not resurrected (its delete is in the window; the row is dropped).
+A chunk row therefore reaches the handler at a log position after every change the select saw and
+after every change of its key read so far, and before every later change: it can never overwrite a
+newer change, and a key deleted meanwhile is not resurrected (its delete is in the window; the row
+is dropped).
 
 The low watermark. DBLog writes one before the select; the window then starts there. A
 transaction whose commit record precedes that write but which is not yet *visible* when the select
@@ -32,12 +35,13 @@ already committed (it retries on the next fetch), which covers the synchronous-r
 The snapshot's state is a :class:`~shared.models.SnapshotState` carried by every position the
 source returns while it runs (:attr:`~shared.models.Position.snapshot`), so it lands in the state
 blob with the checkpoint (same CAS, same fencing) and a crash or a lease handover resumes after the
-last landed chunk. A chunk in flight lives in memory only: after a crash it is read again (its
+last landed page. A chunk in flight lives in memory only: after a crash its rest is read again (its
 rows keep their event ids: the id of a snapshot row is a function of its table, key and row
 version — its ``xmin`` — so duplicate detection absorbs the copies).
 
 Requests (``dbfanout snapshot``) are rows of the same signal table: they arrive through the log,
-in order with the changes, and never race the poller's own state writes.
+in order with the changes, and never race the poller's own state writes. A state change no row
+carries (a request, a cancel, an empty last chunk) is checkpointed by itself (``Page.advance``).
 """
 
 from __future__ import annotations
