@@ -32,7 +32,9 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -123,6 +125,35 @@ class _Buffer:
 
 
 @dataclass(slots=True)
+class _Ahead:
+    """The next chunk, read on a thread while the tick sends the current one's rows.
+
+    Its window opens at ``start`` (where the scan stood when it was launched: every change up to
+    there was read before its select began); until it is taken up, the scan keeps what it reads of
+    the chunk's table (``seen``) for its drop rule, and its watermark (``ready_at``).
+    """
+
+    future: Future[Chunk | None]
+    basis: SnapshotState  # the state it was read for (its table, last key, condition, size)
+    chunk_id: str
+    start: tuple[int, int] | None
+    scanned_to: tuple[int, int] | None
+    seen: list[tuple[tuple[int, int], str | None, list[tuple[Any, ...]]]] = field(default_factory=list)
+    ready_at: dt.datetime | None = None
+
+    def covers(self, position: tuple[int, int] | None) -> bool:
+        low, high = self.start or (-1, -1), self.scanned_to or self.start or (-1, -1)
+        return low <= (position or (-1, -1)) <= high
+
+    def reads_for(self, state: SnapshotState | None) -> bool:
+        """Whether it is the chunk ``state`` wants next (a request or a cancel since: no)."""
+        b = self.basis
+        return state is not None and state.active and (state.id, state.tables[0], state.last_key, state.where,
+                                                       state.chunk_size) == (b.id, b.tables[0], b.last_key, b.where,
+                                                                             b.chunk_size)  # fmt: skip
+
+
+@dataclass(slots=True)
 class _Scan:
     """One fetch's walk along the log: the rows so far and the snapshot state they carry."""
 
@@ -170,6 +201,8 @@ class PgLogicalSource:
         self._chunks = ChunkReader(config, self._engine)
         self._chunk: Chunk | None = None  # the chunk waiting for its high watermark (ticks are serial)
         self._owed = False  # the last page went to the stream while a chunk's rows were ready
+        self._ahead: _Ahead | None = None
+        self._reader: ThreadPoolExecutor | None = None  # reads the next chunk ahead (one thread, lazily)
         self._initial: SnapshotState | None = None
         self._estimates: dict[str, int | None] = {}
         self._checked = False
@@ -232,7 +265,10 @@ class PgLogicalSource:
             )  # fmt: skip
 
     def close(self) -> None:
-        """Nothing to release: the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
+        """Stop the read-ahead thread; the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
+        reader, self._reader, self._ahead = self._reader, None, None
+        if reader is not None:
+            reader.shutdown(wait=True)
 
     # ------------------------------------------------------------------------------ operator surface
 
@@ -348,31 +384,48 @@ class PgLogicalSource:
         return buffer, _after(buffer, after)
 
     def _scan(self, conn: sa.Connection, scan: _Scan, picked: list[Change]) -> None:
-        """Walk ``picked`` in log order: rows, snapshot requests, a chunk's window and its watermark."""
+        """Walk ``picked`` in log order: rows, snapshot requests, the chunks' windows and watermarks."""
         for c in picked:
             chunk = self._chunk
             if chunk is not None and not chunk.covers(scan.state, scan.position):
                 chunk = self._chunk = None  # read for another state, or the log was not read contiguously
+            ahead = self._ahead
+            if ahead is not None and not ahead.covers(scan.position):
+                ahead = self._ahead = None  # the same for the chunk read ahead
             scan.last, scan.position = c, c.key
             if c.relation.qualified == self._signal:
-                if chunk is not None:
-                    chunk.saw(c.key, None, ())
-                signal = signal_of(c.new, self._config.name)
-                if signal is None:
-                    continue
-                kind, signal_id, data = signal
-                if kind == KIND_REQUEST:
-                    self._request(scan, c, signal_id, data)
-                elif kind == KIND_WATERMARK and chunk is not None and chunk.id == signal_id:
-                    # The high watermark: every change the select could have missed is behind us;
-                    # the chunk's rows go once the log is read to its end (_emit).
-                    chunk.ready_at = _commit_time(c)
+                self._signal_read(scan, c, chunk, ahead)
                 continue
+            table = c.relation.qualified
+            ahead_table = ahead.basis.tables[0] if ahead is not None else None
+            keys = self._keys(conn, c) if table in (chunk.table if chunk else None, ahead_table) else []
             if chunk is not None:
-                table = c.relation.qualified
-                chunk.saw(c.key, table, self._keys(conn, c) if table == chunk.table else ())
+                chunk.saw(c.key, table, keys if table == chunk.table else ())
+            if ahead is not None:
+                ahead.scanned_to = c.key
+                if table == ahead_table:
+                    ahead.seen.append((c.key, table, keys))
             scan.rows.append(self._row(conn, c, scan.state))
             scan.streamed += 1
+
+    def _signal_read(self, scan: _Scan, c: Change, chunk: Chunk | None, ahead: _Ahead | None) -> None:
+        """A change of the signal table: a request of ours, a chunk's high watermark, or nothing of ours."""
+        if chunk is not None:
+            chunk.saw(c.key, None, ())
+        if ahead is not None:
+            ahead.scanned_to = c.key
+        signal = signal_of(c.new, self._config.name)
+        if signal is None:
+            return
+        kind, signal_id, data = signal
+        if kind == KIND_REQUEST:
+            self._request(scan, c, signal_id, data)
+        elif kind == KIND_WATERMARK and chunk is not None and chunk.id == signal_id:
+            # The high watermark: every change the select could have missed is behind us; the
+            # chunk's rows go once the log is read to its end (_emit).
+            chunk.ready_at = _commit_time(c)
+        elif kind == KIND_WATERMARK and ahead is not None and ahead.chunk_id == signal_id:
+            ahead.ready_at = _commit_time(c)
 
     def _request(self, scan: _Scan, c: Change, signal_id: str, data: dict[str, Any]) -> None:
         """A ``dbfanout snapshot`` request read from the log: the snapshot state changes here."""
@@ -418,6 +471,13 @@ class PgLogicalSource:
             state = scan.state
             assert state is not None
             self._chunks.check_published()
+            ahead = self._take_ahead(scan)
+            if ahead is not None:
+                if ahead.tuples:
+                    self._chunk = ahead  # its watermark: read already, or in the log after the last peek
+                    return True
+                scan.state = ahead.advanced(dt.datetime.now(dt.UTC))
+                continue
             try:
                 chunk = self._chunks.read(conn, state, scan.position)
             except (sa.exc.ProgrammingError, sa.exc.DataError) as exc:
@@ -439,6 +499,38 @@ class PgLogicalSource:
             scan.state = chunk.advanced(dt.datetime.now(dt.UTC))
         return True
 
+    def _read_ahead(self, chunk: Chunk, position: tuple[int, int] | None) -> None:
+        """Start reading the chunk after ``chunk`` on the read-ahead thread, its window opening at
+        ``position`` (the log is read to there, and the select begins later)."""
+        basis = chunk.next_basis()
+        if basis is None:
+            return
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{self._config.name}")
+        chunk_id = uuid.uuid4().hex
+        future = self._reader.submit(self._chunks.read_ahead, basis, position, chunk_id)
+        self._ahead = _Ahead(future, basis, chunk_id, position, position)
+
+    def _take_ahead(self, scan: _Scan) -> Chunk | None:
+        """The chunk read ahead, when it is the one the scan wants, with what the scan saw since it
+        began applied to it (None: read one now)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or not ahead.reads_for(scan.state) or not ahead.covers(scan.position):
+            return None
+        try:
+            chunk = ahead.future.result()
+        except Exception as exc:  # read it again in the tick's thread: a lasting error is raised there
+            log.debug("poller %s: chunk read ahead failed: %r", self._config.name, exc)
+            return None
+        if chunk is None:  # its snapshot was refused (a commit not yet visible)
+            return None
+        assert scan.state is not None
+        chunk.state = scan.state
+        for key, table, keys in ahead.seen:
+            chunk.saw(key, table, keys)
+        chunk.scanned_to, chunk.ready_at = ahead.scanned_to, ahead.ready_at
+        return chunk
+
     def _emit(self, scan: _Scan, room: int) -> bool:
         """Up to ``room`` rows of the chunk whose high watermark was read, as ``read`` events at the
         scan's position (the log is read to there: every key it changed left the chunk).
@@ -448,6 +540,8 @@ class PgLogicalSource:
         chunk = self._chunk
         if chunk is None or chunk.ready_at is None or not chunk.covers(scan.state, scan.position):
             return False
+        if self._ahead is None:
+            self._read_ahead(chunk, scan.position)
         taken, state = chunk.take(room)
         scan.state = state
         scan.rows.extend(self._chunk_rows(chunk, taken, scan.position, state))

@@ -289,6 +289,15 @@ class Chunk:
         self.state = state
         return out, state
 
+    def next_basis(self) -> SnapshotState | None:
+        """What the next chunk is read for (its table and last key), or None: this one is the last."""
+        state = self.state
+        if self.more:
+            return replace(state, last_key=self.last_key)
+        if len(state.tables) > 1:
+            return replace(state, tables=state.tables[1:], last_key=None)
+        return None
+
     def advanced(self, now: dt.datetime) -> SnapshotState:
         """The snapshot's state past this chunk when it has no row to emit (an empty select)."""
         return self._finished(self.state, 0, now)
@@ -353,7 +362,14 @@ class ChunkReader:
             )
         self._published = True
 
-    def read(self, conn: sa.Connection, state: SnapshotState, start: tuple[int, int] | None) -> Chunk | None:
+    def read_ahead(self, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str) -> Chunk | None:
+        """:meth:`read` on a pooled connection of its own (a chunk read while the tick sends the last one's rows)."""
+        with self._engine.connect() as conn:
+            return self.read(conn, state, start, chunk_id)
+
+    def read(
+        self, conn: sa.Connection, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str | None = None
+    ) -> Chunk | None:
         """Select the next chunk of ``state``'s current table and write its high watermark, on ``conn``.
 
         One statement (one snapshot) selects the chunk and writes the watermark row; the
@@ -368,7 +384,8 @@ class ChunkReader:
         pk = self.pk(table)
         cols = ", ".join(quote_table(p) for p in pk)
         conditions: list[str] = []
-        params: dict[str, Any] = {"n": state.chunk_size + 1, "poller": self._config.name, "id": uuid.uuid4().hex}
+        chunk_id = chunk_id or uuid.uuid4().hex
+        params: dict[str, Any] = {"n": state.chunk_size + 1, "poller": self._config.name, "id": chunk_id}
         if state.last_key is not None:
             binds = ", ".join(f":k{i}" for i in range(len(pk)))
             conditions.append(f"({cols}) > ({binds})")
