@@ -29,7 +29,7 @@ from tests.poller.pg_logical_killed_tick import FileSink
 
 
 class WindowWriter(ChunkReader):
-    """The real reader; after each select, before its watermark, it updates and deletes rows of that chunk."""
+    """The real reader; after each select, before its watermark commits, it updates and deletes rows of that chunk."""
 
     def commit_watermark(self, conn: sa.Connection, chunk: Chunk) -> None:
         table = self._config.tables[0]

@@ -4,8 +4,8 @@ The guarantee: after a snapshot completes, the target rebuilt from every event (
 event id, in delivery order) equals the source, whatever was inserted, updated or deleted during
 it; a snapshot row never arrives after a newer change of its key, and a key deleted meanwhile is
 not resurrected. The worst interleavings are forced, not hoped for: writes are made between a
-chunk's select and its high watermark (a reader whose watermark write first runs them), and
-between the fetches of a tick.
+chunk's select and the commit of its high watermark (a reader whose watermark commit first runs
+them), and between the fetches and ticks (while a chunk's pages are being sent).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def source_rows(table: LogicalTable) -> dict[int, tuple[Any, Any]]:
 
 
 class WriterBetween(ChunkReader):
-    """The real chunk reader, with writes made between each chunk's select and its high watermark
-    (the window DBLog exists for): ``writes`` is called with the chunk's number."""
+    """The real chunk reader, with writes made between each chunk's select and the commit of its high
+    watermark (the window DBLog exists for): ``writes`` is called with the chunk's number."""
 
     def __init__(self, config: PollerConfig, engine: sa.Engine, writes: Callable[[int], None]) -> None:
         super().__init__(config, engine)
