@@ -10,6 +10,7 @@ Importing this module reads the config and opens no connection.
 from __future__ import annotations
 
 import atexit
+import gc
 import sys
 from pathlib import Path
 
@@ -57,6 +58,12 @@ _runtimes = Runtimes(config)  # built lazily on the first tick / message: indexi
 _worker_app = WorkerApp(config, app_root=APP_ROOT)
 app.register_functions(poller_blueprint(config, _runtimes))
 app.register_functions(worker_blueprint(config, _worker_app))
+# What was built so far (the modules and SDKs, the config) lives as long as the process: keep it
+# out of the cyclic collector, whose full collections would otherwise scan it again every few
+# thousand events a busy tick or handler builds (about 25 ms each, a live change's latency during
+# a snapshot or a catch-up: BENCHMARKS.md, snapshots).
+gc.collect()
+gc.freeze()
 
 
 def shutdown() -> None:

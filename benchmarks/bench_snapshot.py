@@ -9,11 +9,16 @@ the same run:
 keyset     : a keyset poller (cursor id) on the table, run_tick() until caught up: the rate a
              cloned backfill poller reads it at (the issue's yardstick)
 snapshot   : a pg_logical poller with snapshot = "initial", run_tick() until its snapshot finished
-             (chunk select → high watermark → peek to it → emit), no concurrent writes
-latency    : the live stream's commit → sink latency (a writer inserts a row every 20 ms, its value
-             the wall time), idle (the stream alone) and during a second snapshot; median and p95
+             (chunk select + high watermark → peek to it → emit, a page at a time), no concurrent
+             writes; chunks of --chunk rows (0: the default, snapshot_chunk_size unset)
+latency    : the live stream's commit → sink latency (a writer process inserts a row every 20 ms),
+             idle (the stream alone) and during snapshots (run back to back for as long), median
+             and p95. Measured from the transaction's commit time as the log carries it (the
+             event's committed_at); "from the insert" also counts the writer's statement
 
-Both sinks build every event (ids, envelope fields). State in memory; max_batches_per_tick 20
+The heap built by the imports is frozen out of the cyclic GC (``gc.freeze()``), as
+function_app.py does at startup for ``dbfanout run`` and the Functions host. Both sinks build every
+event (ids, envelope fields). State in memory; max_batches_per_tick 20
 (the default) for both. Rows per second, the best of
 --repeat rounds, and the process RSS before and after each phase (flat = the snapshot does not
 hold the table in memory). The slot, publication and tables are dropped afterwards.
@@ -22,18 +27,21 @@ hold the table in memory). The slot, publication and tables are dropped afterwar
 from __future__ import annotations
 
 import argparse
+import gc
+import multiprocessing
 import statistics
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from poller.pg_logical import PgLogicalSource
+from poller.snapshot import chunk_size
 from poller.source import SqlSource
 from poller.state_memory import MemoryStateStore
 from poller.tick import run_tick
@@ -59,14 +67,17 @@ class EventSink:
 
     def __init__(self) -> None:
         self.rows = 0
-        self.latencies: list[float] = []
+        self.latencies: list[float] = []  # from the commit (the log's commit time)
+        self.from_insert: list[float] = []  # from the writer's clock before its INSERT
 
     def send(self, batch: Batch) -> None:
         now = time.time()
         for event in batch.events:
             self.rows += 1
             if event.change == "insert" and event.after and str(event.after.get("v", "")).startswith("t="):
-                self.latencies.append(now - float(str(event.after["v"])[2:]))
+                self.from_insert.append(now - float(str(event.after["v"])[2:]))
+                if event.committed_at is not None:
+                    self.latencies.append(now - event.committed_at.timestamp())
 
     def close(self) -> None:
         pass
@@ -106,24 +117,35 @@ def snapshot_run(config: PollerConfig, sink: EventSink) -> float:
     raise RuntimeError("the snapshot did not finish")
 
 
-class Writer(threading.Thread):
-    """One insert every 20 ms, its value the wall time of the commit (about)."""
+def write_rows(url: str, table: str, first_id: int, stop: Any) -> None:
+    """One insert every 20 ms (its value the wall time before the INSERT) until ``stop`` is set."""
+    engine = sa.create_engine(url)
+    next_id = first_id
+    while not stop.wait(0.02):
+        with engine.begin() as conn:
+            statement = sa.text(f"INSERT INTO {table} (id, v, n) VALUES (:i, :v, 0)")
+            conn.execute(statement, {"i": next_id, "v": f"t={time.time():.6f}"})
+        next_id += 1
+    engine.dispose()
+
+
+class Writer:
+    """The live stream's writer, in a process of its own (as an application is): a thread here would
+    wait for this process's GIL to commit, and its commits would cluster where the poller waits."""
 
     def __init__(self, table: LogicalTable, first_id: int) -> None:
-        super().__init__(daemon=True)
-        self.table, self.next_id, self.stop = table, first_id, threading.Event()
+        context = multiprocessing.get_context("spawn")
+        self.stop = context.Event()
+        self._process = context.Process(target=write_rows, args=(table.url, table.name, first_id, self.stop))
 
-    def run(self) -> None:
-        while not self.stop.wait(0.02):
-            with self.table.engine.begin() as conn:
-                conn.execute(
-                    sa.text(f"INSERT INTO {self.table.name} (id, v, n) VALUES (:i, :v, 0)"),
-                    {"i": self.next_id, "v": f"t={time.time():.6f}"},
-                )
-            self.next_id += 1
+    def start(self) -> None:
+        self._process.start()
+
+    def join(self) -> None:
+        self._process.join()
 
 
-def stream_latency(config: PollerConfig, table: LogicalTable, seconds: float, first_id: int) -> list[float]:
+def stream_latency(config: PollerConfig, table: LogicalTable, seconds: float, first_id: int) -> EventSink:
     """The stream alone: ticks back to back for ``seconds`` while the writer writes."""
     sink, store, source = EventSink(), MemoryStateStore(config.name), PgLogicalSource(config)
     writer = Writer(table, first_id)
@@ -133,7 +155,22 @@ def stream_latency(config: PollerConfig, table: LogicalTable, seconds: float, fi
         run_tick(config, source, store, sink, owner_id="l")
     writer.stop.set()
     writer.join()
-    return sink.latencies
+    return sink
+
+
+def snapshot_latency(config: PollerConfig, table: LogicalTable, seconds: float, first_id: int) -> EventSink:
+    """Snapshots of the whole table back to back (each a new poller state) for ``seconds`` while the writer writes."""
+    sink = EventSink()
+    writer = Writer(table, first_id)
+    writer.start()
+    end = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < end:
+            snapshot_run(config, sink)
+    finally:
+        writer.stop.set()
+        writer.join()
+    return sink
 
 
 def figures(latencies: list[float]) -> str:
@@ -149,8 +186,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--chunk", type=int, default=0, help="snapshot_chunk_size (0: the default, 4 pages)")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     args = parser.parse_args()
+    gc.collect()
+    gc.freeze()  # as function_app.py does once the app is imported
     for reason in (unreachable_reason(PG_URL), logical_reason(PG_URL)):
         if reason:
             sys.exit(f"PostgreSQL: {reason}")
@@ -163,9 +203,10 @@ def main() -> None:
             table.url, table.name, signal_table=table.config.signal_table, batch_size=args.batch,
             max_batches_per_tick=MAX_BATCHES, lease_ttl_seconds=3600,
         )  # fmt: skip
-        snap_config = replace(base, snapshot="initial", snapshot_chunk_size=args.batch)
+        snap_config = replace(base, snapshot="initial", snapshot_chunk_size=args.chunk)
         print(
-            f"{args.rows:,} rows, batches/chunks of {args.batch}; load {Path('/proc/loadavg').read_text().split()[:3]}"
+            f"{args.rows:,} rows, batches of {args.batch}, chunks of {chunk_size(snap_config)}; "
+            f"load {Path('/proc/loadavg').read_text().split()[:3]}"
         )
         print("| round | keyset rows/s | snapshot rows/s | ratio | RSS MiB before → after snapshot |")
         print("|---:|---:|---:|---:|---:|")
@@ -175,18 +216,13 @@ def main() -> None:
             snapshot = snapshot_run(snap_config, EventSink())
             print(f"| {round_} | {keyset:,.0f} | {snapshot:,.0f} | {snapshot / keyset:.2f} | "
                   f"{before:.0f} → {rss_mib():.0f} |")  # fmt: skip
-        # The live stream's latency, idle and during a snapshot (the writer inserts ids past the table)
+        # The live stream's latency, idle and during snapshots (the writer inserts ids past the table)
         idle = stream_latency(base, table, args.latency_seconds, args.rows + 1_000_000)
-        during_sink = EventSink()
-        writer = Writer(table, args.rows + 2_000_000)
-        writer.start()
-        try:
-            snapshot_run(snap_config, during_sink)
-        finally:
-            writer.stop.set()
-            writer.join()
-        print(f"\nlive stream commit → sink latency, median / p95 (samples): idle {figures(idle)}, "
-              f"during a snapshot {figures(during_sink.latencies)}")  # fmt: skip
+        during = snapshot_latency(snap_config, table, args.latency_seconds, args.rows + 2_000_000)
+        print(f"\nlive stream commit → sink latency, median / p95 (samples): idle {figures(idle.latencies)}, "
+              f"during snapshots {figures(during.latencies)}")  # fmt: skip
+        print(f"(from the writer's clock before its INSERT: idle {figures(idle.from_insert)}, "
+              f"during snapshots {figures(during.from_insert)})")  # fmt: skip
     finally:
         table.drop()
 

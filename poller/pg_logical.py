@@ -21,9 +21,10 @@ before the checkpoint are skipped. The slot and the publication are created by
 ``dbfanout validate --fix`` (or :func:`setup_sql`), never at tick time.
 
 Snapshots (``snapshot = "initial"``, ``dbfanout snapshot``) run inside the same fetches: the rows
-that already exist are read in chunks beside the stream, each emitted at its high watermark's log
-position, with DBLog's rule that a key the log changed meanwhile leaves the chunk (see
-:mod:`poller.snapshot`); the snapshot's state rides on every position returned, into the checkpoint.
+that already exist are read in chunks beside the stream, emitted from their high watermark's log
+position on, with DBLog's rule that a key the log changed meanwhile leaves the chunk (see
+:mod:`poller.snapshot`); the stream's changes go first; the snapshot's state rides on every
+position returned, into the checkpoint (with no row, on the page's ``advance``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -64,9 +67,9 @@ __all__ = ["PgLogicalSource", "setup_sql"]
 
 log = get_logger("poller.pg_logical")
 
-_PEEK = sa.text(
+_PEEK_SQL = (
     "SELECT data FROM pg_logical_slot_peek_binary_changes("
-    "CAST(:slot AS name), NULL, :n, 'proto_version', '1', 'publication_names', :pub)"
+    "CAST(%(slot)s AS name), NULL, %(n)s, 'proto_version', '1', 'publication_names', %(pub)s)"
 )
 _FLUSH = sa.text("SELECT CAST(pg_current_wal_flush_lsn() AS text)")
 _SLOT = sa.text(
@@ -122,6 +125,35 @@ class _Buffer:
 
 
 @dataclass(slots=True)
+class _Ahead:
+    """The next chunk, read on a thread while the tick sends the current one's rows.
+
+    Its window opens at ``start`` (where the scan stood when it was launched: every change up to
+    there was read before its select began); until it is taken up, the scan keeps what it reads of
+    the chunk's table (``seen``) for its drop rule, and its watermark (``ready_at``).
+    """
+
+    future: Future[Chunk | None]
+    basis: SnapshotState  # the state it was read for (its table, last key, condition, size)
+    chunk_id: str
+    start: tuple[int, int] | None
+    scanned_to: tuple[int, int] | None
+    seen: list[tuple[tuple[int, int], str | None, list[tuple[Any, ...]]]] = field(default_factory=list)
+    ready_at: dt.datetime | None = None
+
+    def covers(self, position: tuple[int, int] | None) -> bool:
+        low, high = self.start or (-1, -1), self.scanned_to or self.start or (-1, -1)
+        return low <= (position or (-1, -1)) <= high
+
+    def reads_for(self, state: SnapshotState | None) -> bool:
+        """Whether it is the chunk ``state`` wants next (a request or a cancel since: no)."""
+        b = self.basis
+        return state is not None and state.active and (state.id, state.tables[0], state.last_key, state.where,
+                                                       state.chunk_size) == (b.id, b.tables[0], b.last_key, b.where,
+                                                                             b.chunk_size)  # fmt: skip
+
+
+@dataclass(slots=True)
 class _Scan:
     """One fetch's walk along the log: the rows so far and the snapshot state they carry."""
 
@@ -130,9 +162,7 @@ class _Scan:
     position: tuple[int, int] | None  # the last change read (rows or not)
     rows: list[SourceRow] = field(default_factory=list)
     last: Change | None = None
-    # The commit LSN of a change that moved the snapshot state with no row after it to carry the
-    # new state into the checkpoint: the slot must not pass it (the next tick reads it again).
-    cap: Lsn | None = None
+    streamed: int = 0  # rows of changes (not of a snapshot chunk)
 
 
 class PgLogicalSource:
@@ -170,11 +200,17 @@ class PgLogicalSource:
         self._signal = config.signal_table
         self._chunks = ChunkReader(config, self._engine)
         self._chunk: Chunk | None = None  # the chunk waiting for its high watermark (ticks are serial)
+        self._owed = False  # the last page went to the stream while a chunk's rows were ready
+        self._ahead: _Ahead | None = None
+        self._reader: ThreadPoolExecutor | None = None  # reads the next chunk ahead (one thread, lazily)
         self._initial: SnapshotState | None = None
         self._estimates: dict[str, int | None] = {}
         self._checked = False
         self._local = threading.local()  # pinned connection and this tick's buffer, per thread
         self._warned: set[str] = set()
+        # Where the slot may go once a position a page ended at is a landed checkpoint; shared by
+        # the threads a tick's pages are read on, cleared by acknowledge.
+        self._hints: dict[tuple[int, int], Lsn] = {}
 
     # ------------------------------------------------------------------------------ the port
 
@@ -184,13 +220,12 @@ class PgLogicalSource:
 
     def fetch(self, after: Position | None, limit: int) -> Page:
         with self._connection("fetch") as conn:
-            return Page(self._fetch(conn, after, limit))
+            return self._fetch(conn, after, limit)
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
         """One connection and one decoded buffer for a tick's fetches (the slot does not move meanwhile)."""
         self._local.pinning, self._local.conn, self._local.buffer = True, None, None
-        self._local.hints = {}  # where the slot may go, per position this tick returned last in a page
         try:
             yield
         finally:
@@ -211,8 +246,8 @@ class PgLogicalSource:
         key = _key(checkpoint.position)
         if key is None:
             return
-        hints: dict[tuple[int, int], Lsn] = getattr(self._local, "hints", None) or {}
-        target = hints.get(key, Lsn(key[0]))  # unknown: its commit LSN (its transaction stays)
+        target = self._hints.pop(key, Lsn(key[0]))  # unknown: its commit LSN (its transaction stays)
+        self._hints.clear()  # the others are behind this landed checkpoint (or were never sent)
         try:
             with self._connection("acknowledge") as conn:
                 conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
@@ -230,7 +265,10 @@ class PgLogicalSource:
             )  # fmt: skip
 
     def close(self) -> None:
-        """Nothing to release: the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
+        """Stop the read-ahead thread; the engine is shared per URL (see :func:`poller.engines.dispose_engines`)."""
+        reader, self._reader, self._ahead = self._reader, None, None
+        if reader is not None:
+            reader.shutdown(wait=True)
 
     # ------------------------------------------------------------------------------ operator surface
 
@@ -258,91 +296,136 @@ class PgLogicalSource:
 
     # ------------------------------------------------------------------------------ reading
 
-    def _fetch(self, conn: sa.Connection, after: Position | None, limit: int) -> list[SourceRow]:
-        """The changes after ``after``, and the rows of any snapshot chunk whose window closes meanwhile."""
+    def _fetch(self, conn: sa.Connection, after: Position | None, limit: int) -> Page:
+        """The changes after ``after``, then the rows of a snapshot chunk whose high watermark was read.
+
+        The stream goes first: a page that found changes while a snapshot runs is handed over at
+        once (marked ``more``), and a chunk's rows fill pages only once the log is read to its
+        end (its window stays open meanwhile, see :class:`~poller.snapshot.Chunk`). So a change
+        committed during a snapshot waits for at most about one page of chunk rows. And a page of
+        the stream's is followed by one of a ready chunk's, taken without reading the log (they
+        are valid where the last page ended), so a steady stream does not stall the snapshot.
+        """
         self._check_slot(conn)
         key = _key(after)
-        scan = _Scan(self._state_at(after), key, key)
+        begun = self._state_at(after)
+        scan = _Scan(begun, key, key)
         buffer: _Buffer | None = None
-        to_end = False
-        known: _Buffer | None = self._local.buffer if getattr(self._local, "pinning", False) else None
-        read_out = known is not None and known.exhausted and _after(known, key) == len(known.changes)
-        if read_out and self._wants_chunk(scan):
-            # This tick's last peek was read to its end: the next chunk first (its watermark's peek
-            # reads whatever came meanwhile, in order) rather than a peek for nothing new.
-            self._begin_chunk(scan)
+        to_end, more = False, False
+        if self._owed:
+            self._owed = False
+            self._emit(scan, limit)
         for _ in range(_MAX_ROUNDS):
+            if len(scan.rows) >= limit:
+                break
             want = limit - len(scan.rows)
             buffer, start = self._buffered(conn, scan.position, want)
             picked = buffer.changes[start : start + want]
-            _, used = self._scan(conn, scan, picked)
-            to_end = start + used == len(buffer.changes)
-            if len(scan.rows) >= limit:
+            streamed = len(scan.rows)
+            self._scan(conn, scan, picked)
+            to_end = start + len(picked) == len(buffer.changes)
+            if len(scan.rows) >= limit or not (buffer.exhausted and to_end):
+                continue
+            # Caught up with the log. Changes found while a snapshot runs go now, alone: the
+            # chunk's rows follow in the next page (the tick goes on: ``more``).
+            if len(scan.rows) > streamed and scan.state is not None and scan.state.active:
+                more = True
                 break
-            # Caught up with the log: a running snapshot reads its next chunk now (the stream's
-            # backlog goes first; a request or a cancel read just now counts already), then the
-            # next round reads on to its watermark. A chunk's rows are whole in one page: after
-            # them, the next chunk may fill the page up.
-            if buffer.exhausted and to_end and not (self._wants_chunk(scan) and self._begin_chunk(scan)):
+            # A chunk whose high watermark was read fills the page up; then the next chunk is
+            # read (a request or a cancel read just now counts already) and the next round reads
+            # on to its watermark.
+            if self._emit(scan, limit - len(scan.rows)):
                 break
+            if not (self._wants_chunk(scan) and self._begin_chunk(conn, scan)):
+                break
+        chunk = self._chunk
+        self._owed = bool(scan.streamed) and chunk is not None and chunk.ready_at is not None and not chunk.done
         conn.rollback()  # no snapshot held between pages
+        advance = self._advance(scan, begun)
         if buffer is not None:
-            self._hint(buffer, scan, to_end)
-        return scan.rows
+            self._hint(buffer, scan, to_end, advance)
+        return Page(scan.rows, advance=advance, more=more and len(scan.rows) < limit)
+
+    def _advance(self, scan: _Scan, begun: SnapshotState | None) -> Position | None:
+        """Where the checkpoint must go when the snapshot's state moved and no row carries it.
+
+        A request, a cancel, a chunk with no row left: the position of the last change read
+        (everything up to it is handled), with the new state; the tick writes it even with no
+        row to send, so the change reaches the state blob in the same tick.
+        """
+        if scan.state == begun or (scan.rows and scan.rows[-1].position.snapshot == scan.state):
+            return None
+        lsn, seq = scan.position or (0, 0)  # nothing read yet: before the whole log
+        return Position(Lsn(lsn), {"seq": seq}, scan.state)
 
     def _buffered(self, conn: sa.Connection, after: tuple[int, int] | None, limit: int) -> tuple[_Buffer, int]:
-        """This tick's decoded changes, and where those after ``after`` start in them (peeks as needed)."""
+        """This tick's decoded changes, and where those after ``after`` start in them (peeks as needed).
+
+        A buffer read to the end of the log is still whole while the log's flush position has
+        not moved since its peek (a peek decodes only flushed WAL): then no peek is needed, which
+        keeps a tick that pages a snapshot chunk out of memory from reading the slot for nothing.
+        """
         buffer: _Buffer | None = self._local.buffer if getattr(self._local, "pinning", False) else None
         if buffer is None or len(buffer.changes) - _after(buffer, after) < limit:
+            flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())  # before the peek: see _Buffer.flushed
+            if buffer is not None and buffer.exhausted and flushed == buffer.flushed:
+                return buffer, _after(buffer, after)
             # Not enough decoded: peek again. The slot starts at its confirmed position, which may
             # be behind ``after`` (the changes up to it are skipped), so read more until enough.
             n = max(_MIN_PEEK, (buffer.messages if buffer else 0) + _MESSAGES_PER_CHANGE * limit * _PAGES_PER_PEEK)
             while True:
-                buffer = self._peek(conn, n, after, max(limit, self.MAX_DECODED))
+                buffer = self._peek(conn, n, after, max(limit, self.MAX_DECODED), flushed)
                 if buffer.exhausted or len(buffer.changes) >= limit:
                     break
                 n *= _PAGES_PER_PEEK
+                flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())
             if getattr(self._local, "pinning", False):
                 self._local.buffer = buffer
         return buffer, _after(buffer, after)
 
-    def _scan(self, conn: sa.Connection, scan: _Scan, picked: list[Change]) -> tuple[bool, int]:
-        """Walk ``picked`` in log order: rows, snapshot requests, a chunk's window and its watermark.
-
-        Returns whether a chunk's rows were emitted (at its high watermark: the walk stops there, so
-        the next chunk starts from it) and how many changes were read.
-        """
-        for used, c in enumerate(picked, 1):
+    def _scan(self, conn: sa.Connection, scan: _Scan, picked: list[Change]) -> None:
+        """Walk ``picked`` in log order: rows, snapshot requests, the chunks' windows and watermarks."""
+        for c in picked:
             chunk = self._chunk
             if chunk is not None and not chunk.covers(scan.state, scan.position):
                 chunk = self._chunk = None  # read for another state, or the log was not read contiguously
+            ahead = self._ahead
+            if ahead is not None and not ahead.covers(scan.position):
+                ahead = self._ahead = None  # the same for the chunk read ahead
             scan.last, scan.position = c, c.key
             if c.relation.qualified == self._signal:
-                if chunk is not None:
-                    chunk.saw(c.key, None, ())
-                signal = signal_of(c.new, self._config.name)
-                if signal is None:
-                    continue
-                kind, signal_id, data = signal
-                if kind == KIND_REQUEST:
-                    self._request(scan, c, signal_id, data)
-                elif kind == KIND_WATERMARK and chunk is not None and chunk.id == signal_id:
-                    # The high watermark: every change the select could have missed is behind us.
-                    state = chunk.advanced(_commit_time(c))
-                    rows = self._chunk_rows(chunk, c, state)
-                    scan.state, self._chunk = state, None
-                    if rows:
-                        scan.rows.extend(rows)
-                        scan.cap = None
-                        return True, used
-                    scan.cap = scan.cap or c.commit_lsn  # every key changed meanwhile: no row carries it
+                self._signal_read(scan, c, chunk, ahead)
                 continue
+            table = c.relation.qualified
+            ahead_table = ahead.basis.tables[0] if ahead is not None else None
+            keys = self._keys(conn, c) if table in (chunk.table if chunk else None, ahead_table) else []
             if chunk is not None:
-                table = c.relation.qualified
-                chunk.saw(c.key, table, self._keys(conn, c) if table == chunk.table else ())
+                chunk.saw(c.key, table, keys if table == chunk.table else ())
+            if ahead is not None:
+                ahead.scanned_to = c.key
+                if table == ahead_table:
+                    ahead.seen.append((c.key, table, keys))
             scan.rows.append(self._row(conn, c, scan.state))
-            scan.cap = None
-        return False, len(picked)
+            scan.streamed += 1
+
+    def _signal_read(self, scan: _Scan, c: Change, chunk: Chunk | None, ahead: _Ahead | None) -> None:
+        """A change of the signal table: a request of ours, a chunk's high watermark, or nothing of ours."""
+        if chunk is not None:
+            chunk.saw(c.key, None, ())
+        if ahead is not None:
+            ahead.scanned_to = c.key
+        signal = signal_of(c.new, self._config.name)
+        if signal is None:
+            return
+        kind, signal_id, data = signal
+        if kind == KIND_REQUEST:
+            self._request(scan, c, signal_id, data)
+        elif kind == KIND_WATERMARK and chunk is not None and chunk.id == signal_id:
+            # The high watermark: every change the select could have missed is behind us; the
+            # chunk's rows go once the log is read to its end (_emit).
+            chunk.ready_at = _commit_time(c)
+        elif kind == KIND_WATERMARK and ahead is not None and ahead.chunk_id == signal_id:
+            ahead.ready_at = _commit_time(c)
 
     def _request(self, scan: _Scan, c: Change, signal_id: str, data: dict[str, Any]) -> None:
         """A ``dbfanout snapshot`` request read from the log: the snapshot state changes here."""
@@ -359,7 +442,6 @@ class PgLogicalSource:
                  "cancelled" if state is not None and state.cancelled else "requested", c.commit_lsn,
                  extra=ids(poller=self._config.name))  # fmt: skip
         scan.state, self._chunk = state, None
-        scan.cap = scan.cap or c.commit_lsn
 
     def _state_at(self, after: Position | None) -> SnapshotState | None:
         """The snapshot state a fetch starts with: the checkpoint's, or the initial one on a first start."""
@@ -379,7 +461,7 @@ class PgLogicalSource:
             return False
         return self._chunk is None or not self._chunk.covers(state, scan.position)
 
-    def _begin_chunk(self, scan: _Scan) -> bool:
+    def _begin_chunk(self, conn: sa.Connection, scan: _Scan) -> bool:
         """Read the next chunk (and write its high watermark) when a snapshot runs and none is in flight.
 
         Tables (or their rest) with no row left are passed at once; the scan's state moves on.
@@ -389,8 +471,15 @@ class PgLogicalSource:
             state = scan.state
             assert state is not None
             self._chunks.check_published()
+            ahead = self._take_ahead(scan)
+            if ahead is not None:
+                if ahead.tuples:
+                    self._chunk = ahead  # its watermark: read already, or in the log after the last peek
+                    return True
+                scan.state = ahead.advanced(dt.datetime.now(dt.UTC))
+                continue
             try:
-                chunk = self._chunks.read(state, scan.position)
+                chunk = self._chunks.read(conn, state, scan.position)
             except (sa.exc.ProgrammingError, sa.exc.DataError) as exc:
                 # The select itself is wrong (a bad --where, a dropped column): stop the snapshot
                 # rather than fail every tick, so the changes keep flowing and a new request can come.
@@ -403,84 +492,136 @@ class PgLogicalSource:
             if chunk is None:  # read it on a later fetch
                 log.debug("poller %s: snapshot chunk deferred (a commit not yet visible)", self._config.name)
                 return False
-            if chunk.rows:
+            if chunk.tuples:
                 self._chunk = chunk
                 self._local.buffer = None  # the next peek must read past the watermark just written
                 return True
             scan.state = chunk.advanced(dt.datetime.now(dt.UTC))
         return True
 
-    def _chunk_rows(self, chunk: Chunk, c: Change, state: SnapshotState) -> list[SourceRow]:
-        """The chunk's remaining rows as ``read`` events at the high watermark's log position."""
-        position = Position(c.commit_lsn, {"seq": c.seq}, state)
-        cursor = (c.commit_lsn, c.seq)
-        names, table, prefix = chunk.pk, chunk.table, f"read/{chunk.table}/"
+    def _read_ahead(self, chunk: Chunk, position: tuple[int, int] | None) -> None:
+        """Start reading the chunk after ``chunk`` on the read-ahead thread, its window opening at
+        ``position`` (the log is read to there, and the select begins later)."""
+        basis = chunk.next_basis()
+        if basis is None:
+            return
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{self._config.name}")
+        chunk_id = uuid.uuid4().hex
+        future = self._reader.submit(self._chunks.read_ahead, basis, position, chunk_id)
+        self._ahead = _Ahead(future, basis, chunk_id, position, position)
+
+    def _take_ahead(self, scan: _Scan) -> Chunk | None:
+        """The chunk read ahead, when it is the one the scan wants, with what the scan saw since it
+        began applied to it (None: read one now)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or not ahead.reads_for(scan.state) or not ahead.covers(scan.position):
+            return None
+        try:
+            chunk = ahead.future.result()
+        except Exception as exc:  # read it again in the tick's thread: a lasting error is raised there
+            log.debug("poller %s: chunk read ahead failed: %r", self._config.name, exc)
+            return None
+        if chunk is None:  # its snapshot was refused (a commit not yet visible)
+            return None
+        assert scan.state is not None
+        chunk.state = scan.state
+        for key, table, keys in ahead.seen:
+            chunk.saw(key, table, keys)
+        chunk.scanned_to, chunk.ready_at = ahead.scanned_to, ahead.ready_at
+        return chunk
+
+    def _emit(self, scan: _Scan, room: int) -> bool:
+        """Up to ``room`` rows of the chunk whose high watermark was read, as ``read`` events at the
+        scan's position (the log is read to there: every key it changed left the chunk).
+
+        Whether the page is full.
+        """
+        chunk = self._chunk
+        if chunk is None or chunk.ready_at is None or not chunk.covers(scan.state, scan.position):
+            return False
+        if self._ahead is None:
+            self._read_ahead(chunk, scan.position)
+        taken, state = chunk.take(room)
+        scan.state = state
+        scan.rows.extend(self._chunk_rows(chunk, taken, scan.position, state))
+        if chunk.done:
+            self._chunk = None
+            log.info("poller %s: snapshot %s: %d row(s) of %s read at %s (%d dropped: changed meanwhile)",
+                     self._config.name, state.id, len(chunk.tuples) - len(chunk.dropped), chunk.table,
+                     scan.last.commit_lsn if scan.last else None, len(chunk.dropped),
+                     extra=ids(poller=self._config.name))  # fmt: skip
+        return len(taken) >= room
+
+    def _chunk_rows(
+        self, chunk: Chunk, taken: Sequence[Any], at: tuple[int, int] | None, state: SnapshotState
+    ) -> list[SourceRow]:
+        """Chunk rows as ``read`` events at log position ``at``."""
+        lsn, seq = at or (0, 0)
+        position = Position(Lsn(lsn), {"seq": seq}, state)
+        cursor = (Lsn(lsn), seq)
+        names, table, prefix = chunk.names, chunk.table, f"read/{chunk.table}/"
         # Positional arguments: a chunk is thousands of rows, built here one by one. The version
         # (table and xmin) is what a re-read of the same row version gets the same event id from.
-        rows = [
-            SourceRow(
-                position,
-                values,
-                False,
-                EventFields(dict(zip(names, key, strict=True)), cursor, "read", None, table, prefix + str(xmin)),
-            )
-            for key, (values, xmin) in chunk.rows.items()  # in key order: the select's
-        ]
-        log.info("poller %s: snapshot %s: %d row(s) of %s at %s (%d dropped: changed meanwhile)",
-                 self._config.name, chunk.state.id, len(rows), chunk.table, c.commit_lsn, len(chunk.dropped),
-                 extra=ids(poller=self._config.name))  # fmt: skip
-        return rows
+        # zip stops at the names: the xmin (and a flag) after them are not columns of the row.
+        if len(chunk.pk) == 1:
+            name, i = chunk.pk[0], names.index(chunk.pk[0])
+            return [
+                SourceRow(position, dict(zip(names, t)), False,  # noqa: B905
+                          EventFields({name: t[i]}, cursor, "read", None, table, prefix + t[-2]))
+                for t in taken
+            ]  # fmt: skip
+        key_of, pk = chunk.key_of, chunk.pk
+        return [
+            SourceRow(position, dict(zip(names, t)), False,  # noqa: B905
+                      EventFields(dict(zip(pk, key_of(t), strict=True)), cursor, "read", None, table, prefix + t[-2]))
+            for t in taken
+        ]  # fmt: skip
 
     def _keys(self, conn: sa.Connection, c: Change) -> list[tuple[Any, ...]]:
         """The primary keys a change touches (an update that changes the key: both)."""
         pk = self._pk(conn, c.relation)
         return [tuple(image[p] for p in pk) for image in (c.new, c.old) if image and all(p in image for p in pk)]
 
-    def _hint(self, buffer: _Buffer, scan: _Scan, to_end: bool) -> None:
-        """Remember how far the slot may go once the page's last position is a landed checkpoint.
+    def _hint(self, buffer: _Buffer, scan: _Scan, to_end: bool, advance: Position | None) -> None:
+        """Remember how far the slot may go once the page's end position is a landed checkpoint.
 
         Past the whole transaction when the page ends with its last change; to the log position
-        the peek read to when nothing relevant follows (so an idle slot does not hold WAL back);
-        never past a snapshot request (or a watermark) whose new state no row carried yet.
+        the peek read to when nothing relevant follows (so an idle slot does not hold WAL back).
+        A snapshot state change no row carries ends the page too (its ``advance``), so the slot
+        never passes a request or a watermark before a checkpoint has its new state.
         """
-        hints: dict[tuple[int, int], Lsn] | None = getattr(self._local, "hints", None)
-        if hints is None:
+        if not getattr(self._local, "pinning", False):
             return
-        key = _key(scan.rows[-1].position) if scan.rows else scan.after
+        hints = self._hints
+        key = _key(advance) if advance is not None else _key(scan.rows[-1].position) if scan.rows else scan.after
         if key is None:
             return
         last = scan.last
         target = Lsn(key[0]) if last is None else last.end_lsn if last.last_in_txn else last.commit_lsn
         if buffer.exhausted and to_end and (last is None or last.last_in_txn):
             target = Lsn(max(target, buffer.flushed))
-        target = Lsn(max(target, hints.get(key, 0)))
-        if scan.cap is not None:
-            target = Lsn(min(target, scan.cap))
-        hints[key] = target
+        hints[key] = Lsn(max(target, hints.get(key, 0)))
 
-    def _peek(self, conn: sa.Connection, n: int, after: tuple[int, int] | None, keep: int) -> _Buffer:
+    def _peek(self, conn: sa.Connection, n: int, after: tuple[int, int] | None, keep: int, flushed: Lsn) -> _Buffer:
         """Up to ``n`` messages from the slot's position; the changes after ``after``, decoded.
+
+        ``flushed``: the log's flush position, read before this peek in the same transaction.
 
         Streamed, and no more than about ``keep`` changes are decoded: the server returns a
         transaction whole however large it is, and a bulk load of a million rows must not be held
         in memory (the rest of it is read again, past the checkpoint, by the next peeks).
         """
-        flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())
         decoder = Decoder(_loader(conn), skip_through=after)
         changes: list[Change] = []
         read, stopped = 0, False
-        stream = conn.execution_options(stream_results=True, yield_per=_STREAM_ROWS)
-        result = stream.execute(_PEEK, {"slot": self._slot, "n": n, "pub": self._publication}).scalars()
-        try:
-            for data in result:
-                read += 1
-                changes.extend(c for c in decoder.feed(bytes(data)) if self._wanted(c))
-                if len(changes) + decoder.pending >= keep:
-                    stopped = True
-                    changes.extend(c for c in decoder.partial() if self._wanted(c))
-                    break
-        finally:
-            result.close()
+        for data in _stream(conn, _PEEK_SQL, {"slot": self._slot, "n": n, "pub": self._publication}):
+            read += 1
+            changes.extend(c for c in decoder.feed(data) if self._wanted(c))
+            if len(changes) + decoder.pending >= keep:
+                stopped = True
+                changes.extend(c for c in decoder.partial() if self._wanted(c))
+                break
         return _Buffer(changes, [c.key for c in changes], not stopped and read < n, flushed, read)
 
     def _wanted(self, change: Change) -> bool:
@@ -603,6 +744,31 @@ def _after(buffer: _Buffer, key: tuple[int, int] | None) -> int:
 
 def _listed(rel: Relation, tables: Sequence[str]) -> bool:
     return any(t == rel.qualified or (t == rel.name and rel.schema == "public") for t in tables)
+
+
+def _stream(conn: sa.Connection, query: str, params: dict[str, Any]) -> Iterator[bytes]:
+    """The first column of each row of ``query``, streamed by the driver itself (psycopg 3).
+
+    One round trip, rows read off the socket in parts of :data:`_STREAM_ROWS` (single rows with a
+    libpq older than 17), not held whole: SQLAlchemy's ``stream_results`` would declare a server
+    cursor (three more round trips, a peek's largest cost). Stopping early cancels the rest.
+    Runs in the transaction ``conn`` has begun; driver errors reach the caller as SQLAlchemy's.
+    """
+    import psycopg  # an optional driver: see _loader
+
+    driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+    size = _STREAM_ROWS if psycopg.pq.version() >= 170000 else 1
+    cursor = driver.cursor(binary=True)
+    try:
+        for row in cursor.stream(query, params, size=size):
+            yield row[0]
+    except psycopg.Error as exc:
+        broken = driver.broken
+        if broken:
+            conn.invalidate(exc)
+        raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error, connection_invalidated=broken) from exc
+    finally:
+        cursor.close()
 
 
 def _loader(conn: sa.Connection) -> Any:

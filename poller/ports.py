@@ -138,9 +138,16 @@ class Page:
     A source may hand over the fetched tuples with a row builder instead of built rows: the tick
     needs only the count and the last position, so rows (and the events made of them) are built
     once, on first access, by whoever reads them (the sink).
+
+    ``advance``: a position past the last row that the checkpoint must reach even though no row
+    carries it (a pg_logical snapshot's state moved: a request, a cancel, a chunk with no row
+    left). The tick checkpoints :attr:`end`, and writes it even when the page has no row.
+
+    ``more``: the page is short but the source is not caught up (a pg_logical poller hands the
+    stream's rows over at once, ahead of a snapshot chunk's); the tick goes on as after a full page.
     """
 
-    __slots__ = ("_last_row", "_make_row", "_rows", "_tuples", "columns", "skipped_null_cursors")
+    __slots__ = ("_last_row", "_make_row", "_rows", "_tuples", "advance", "columns", "more", "skipped_null_cursors")
 
     def __init__(
         self,
@@ -150,6 +157,8 @@ class Page:
         make_row: Callable[[Any], SourceRow] | None = None,
         columns: KeysetColumns | None = None,
         skipped_null_cursors: int = 0,
+        advance: Position | None = None,
+        more: bool = False,
     ) -> None:
         if (rows is None) == (tuples is None) or (tuples is not None and make_row is None):
             raise ValueError("Page needs either rows, or tuples with make_row")
@@ -160,6 +169,12 @@ class Page:
         # With tuples: how they map to rows, for a sink that encodes the page without building rows.
         self.columns = columns if tuples is not None else None
         self.skipped_null_cursors = skipped_null_cursors
+        self.advance = advance
+        self.more = more
+
+    def caught_up(self, limit: int) -> bool:
+        """Whether the source had no more than this page to give (a short page, not marked ``more``)."""
+        return len(self) < limit and not self.more
 
     def __len__(self) -> int:
         return len(self._rows if self._rows is not None else self._tuples)  # type: ignore[arg-type]
@@ -201,10 +216,16 @@ class Page:
         row = self.last_row
         return row.position if row is not None else None
 
+    @property
+    def end(self) -> Position | None:
+        """Where the next page starts and the checkpoint goes: ``advance`` if set, else the last row's."""
+        return self.advance if self.advance is not None else self.last
+
     def mapped(self, convert: Callable[[SourceRow], SourceRow]) -> Page:
         """This page with every row passed through ``convert`` (still built lazily, on access)."""
         if self._rows is not None:
-            return Page([convert(r) for r in self._rows], skipped_null_cursors=self.skipped_null_cursors)
+            rows = [convert(r) for r in self._rows]
+            return Page(rows, skipped_null_cursors=self.skipped_null_cursors, advance=self.advance, more=self.more)
         make = self._make_row
         assert make is not None
         return Page(

@@ -39,7 +39,7 @@ class Sequential(PageReader):
 
     def next(self) -> Page:
         page = self._fetch(self._position)
-        self._position = page.last if len(page) else self._position
+        self._position = page.end if len(page) else self._position
         return page
 
 
@@ -82,9 +82,9 @@ class Prefetcher(PageReader):
                     if self._stop.is_set():
                         return
                     page = self._fetch(position)
-                    if not self._put(page) or len(page) < self._limit:
+                    if not self._put(page) or page.caught_up(self._limit):
                         return
-                    position = page.last
+                    position = page.end
         except BaseException as exc:  # handed to the taker, which raises it in the tick's thread
             self._put(exc)
 
@@ -102,8 +102,8 @@ class Prefetcher(PageReader):
             # The first page on the taker's thread: an idle tick (a short first page) starts no thread.
             self._started = True
             page = self._fetch(self._first)
-            if len(page) >= self._limit and self._max_pages > 1:
-                self._start(page.last)
+            if not page.caught_up(self._limit) and self._max_pages > 1:
+                self._start(page.end)
             return page
         while True:
             if self._thread is None:

@@ -8,18 +8,21 @@ How (Netflix's DBLog, as Debezium's incremental snapshots do it), one *chunk* at
 
 1. the window opens at the stream position ``P`` the chunk starts from (the low watermark: a
    position already in the log, so it needs no write of its own — see "the low watermark" below);
-2. the chunk is selected by keyset on the primary key (``WHERE (pk) > (last key) ORDER BY pk
-   LIMIT chunk_size``) in a REPEATABLE READ transaction;
-3. a *high watermark* is written to our signal table, which is in the poller's publication, so it
-   appears in the log after every change the chunk's select could have seen;
-4. while the log is read from ``P`` to the high watermark, every key the log changed is dropped
+2. one statement selects the chunk by keyset on the primary key (``WHERE (pk) > (last key) ORDER
+   BY pk LIMIT chunk_size``) and writes a *high watermark* row to our signal table, which is in the
+   poller's publication; the transaction commits after the statement's snapshot, so the watermark
+   appears in the log after every change the select could have seen;
+3. while the log is read from ``P`` to the high watermark, every key the log changed is dropped
    from the chunk (the log delivers that key's newer state itself);
-5. at the high watermark the rest of the chunk is emitted as ``change = "read"`` events, and the
-   snapshot's position (table, last key, counts) advances with the checkpoint.
+4. from the high watermark on, the rest of the chunk is emitted as ``change = "read"`` events, a
+   page at a time, each at the log position read so far; the window stays open until the last row
+   is out (a key changed before its row went leaves the chunk), and the snapshot's position (table,
+   last key, counts) advances with each page's checkpoint.
 
-A chunk row therefore reaches the handler at the log position of the high watermark, after every
-change the select saw and before every change it did not: it can never overwrite a newer change,
-and a key deleted meanwhile is not resurrected (its delete is in the window; the row is dropped).
+A chunk row therefore reaches the handler at a log position after every change the select saw and
+after every change of its key read so far, and before every later change: it can never overwrite a
+newer change, and a key deleted meanwhile is not resurrected (its delete is in the window; the row
+is dropped).
 
 The low watermark. DBLog writes one before the select; the window then starts there. A
 transaction whose commit record precedes that write but which is not yet *visible* when the select
@@ -32,24 +35,28 @@ already committed (it retries on the next fetch), which covers the synchronous-r
 The snapshot's state is a :class:`~shared.models.SnapshotState` carried by every position the
 source returns while it runs (:attr:`~shared.models.Position.snapshot`), so it lands in the state
 blob with the checkpoint (same CAS, same fencing) and a crash or a lease handover resumes after the
-last landed chunk. A chunk in flight lives in memory only: after a crash it is read again (its
+last landed page. A chunk in flight lives in memory only: after a crash its rest is read again (its
 rows keep their event ids: the id of a snapshot row is a function of its table, key and row
 version — its ``xmin`` — so duplicate detection absorbs the copies).
 
 Requests (``dbfanout snapshot``) are rows of the same signal table: they arrive through the log,
-in order with the changes, and never race the poller's own state writes.
+in order with the changes, and never race the poller's own state writes. A state change no row
+carries (a request, a cancel, an empty last chunk) is checkpointed by itself (``Page.advance``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import operator
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
 
+from poller.source import fetch_tuples
 from shared.codec import dumps, loads
 from shared.config import PollerConfig
 from shared.errors import SourceError
@@ -59,6 +66,7 @@ __all__ = [
     "Chunk",
     "ChunkReader",
     "apply_request",
+    "chunk_size",
     "initial_state",
     "qualified",
     "quote_table",
@@ -75,12 +83,29 @@ _PRIMARY_KEY = sa.text(
     " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
     " WHERE i.indrelid = to_regclass(:table) AND i.indisprimary ORDER BY k.n"
 )
-_ESTIMATE = sa.text("SELECT CAST(GREATEST(reltuples, 0) AS bigint) FROM pg_class WHERE oid = to_regclass(:table)")
-# A transaction our snapshot cannot see but that is already committed: its commit may precede the
-# window (see the module docstring). txid_* exist from PostgreSQL 10 on.
-_RACY = sa.text(
-    "SELECT EXISTS (SELECT 1 FROM txid_snapshot_xip(txid_current_snapshot()) AS x(xid)"
-    " WHERE txid_status(x.xid) = 'committed')"
+# The planner's row count; for a table never analysed (reltuples -1), the statistics' live rows.
+_ESTIMATE = sa.text(
+    "SELECT CAST(CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE COALESCE(s.n_live_tup, 0) END AS bigint)"
+    " FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass(:table)"
+)
+# A chunk, in one statement (one snapshot): its rows in key order, each with its version (its
+# xmin) and the racy flag; and its high watermark, written when it has rows and is not racy. Racy:
+# a transaction the snapshot cannot see is already committed, so its commit may precede the window
+# (see the module docstring); the rows are refused then. An empty chunk cannot be stale: the flag
+# does not matter when no row comes. (A scalar subquery, not EXISTS: the planner drops the ORDER
+# BY and LIMIT of an EXISTS and may scan the table from its start.) txid_* exist from PostgreSQL
+# 10 on.
+_CHUNK = (
+    "WITH dbfanout_racy__ AS (SELECT EXISTS (SELECT 1 FROM txid_snapshot_xip(txid_current_snapshot()) AS x(xid)"
+    "  WHERE txid_status(x.xid) = 'committed') AS racy),"
+    " dbfanout_mark__ AS (INSERT INTO {signal} (poller, kind, id, data, written_at)"
+    "  SELECT :poller, '" + KIND_WATERMARK + "', :id, '{{}}', now()"
+    "  WHERE NOT (SELECT racy FROM dbfanout_racy__)"
+    "  AND (SELECT 1 FROM {table} WHERE {where} ORDER BY {cols} LIMIT 1) IS NOT NULL"
+    "  ON CONFLICT (poller, kind) DO UPDATE SET id = EXCLUDED.id, data = EXCLUDED.data,"
+    "  written_at = EXCLUDED.written_at)"
+    " SELECT *, CAST(xmin AS text) AS " + XMIN + ", (SELECT racy FROM dbfanout_racy__) AS dbfanout_racy__"
+    " FROM {table} WHERE {where} ORDER BY {cols} LIMIT :n"
 )
 _PUBLISHED = sa.text(
     "SELECT 1 FROM pg_publication_tables WHERE pubname = :pub AND schemaname || '.' || tablename = :table"
@@ -137,10 +162,20 @@ def request_statement(
     return sa.text(_UPSERT.format(table=quote_table(config.signal_table))), params
 
 
-def _chunk_size(config: PollerConfig, requested: Any = None) -> int:
+#: The default chunk: this many pages (``batch_size`` rows each), at most CHUNK_MAX_ROWS rows (at
+#: least one page). A chunk costs a select, a watermark and a peek of the slot whatever its size;
+#: its pages then come out of memory (with a peek before each only when the log grew meanwhile).
+CHUNK_PAGES = 4
+CHUNK_MAX_ROWS = 20_000
+
+
+def chunk_size(config: PollerConfig, requested: Any = None) -> int:
+    """Rows a chunk reads: the request's, else ``snapshot_chunk_size``, else :data:`CHUNK_PAGES` pages."""
     if isinstance(requested, int) and not isinstance(requested, bool) and requested > 0:
         return requested
-    return config.snapshot_chunk_size or config.batch_size
+    if config.snapshot_chunk_size:
+        return config.snapshot_chunk_size
+    return max(config.batch_size, min(CHUNK_PAGES * config.batch_size, CHUNK_MAX_ROWS))
 
 
 def initial_state(config: PollerConfig, now: dt.datetime, estimate: int | None) -> SnapshotState:
@@ -148,7 +183,7 @@ def initial_state(config: PollerConfig, now: dt.datetime, estimate: int | None) 
     return SnapshotState(
         id="initial",
         tables=tuple(qualified(t) for t in config.tables),
-        chunk_size=_chunk_size(config),
+        chunk_size=chunk_size(config),
         estimate=estimate,
         started_at=now,
     )
@@ -175,7 +210,7 @@ def apply_request(
     return SnapshotState(
         id=request_id,
         tables=tuple(tables),
-        chunk_size=_chunk_size(config, data.get("chunk_size")),
+        chunk_size=chunk_size(config, data.get("chunk_size")),
         where=where if isinstance(where, str) and where.strip() else None,
         started_at=at,
     ), None
@@ -183,18 +218,32 @@ def apply_request(
 
 @dataclass(eq=False)
 class Chunk:
-    """One chunk read from a table, waiting for its high watermark in the log."""
+    """One chunk read from a table: it waits for its high watermark in the log, then its rows are
+    emitted, a page at a time, while its window stays open (a key the log changes before its row
+    is emitted still leaves the chunk)."""
 
     id: str
-    state: SnapshotState  # the snapshot's state it was read at (it is valid for that state only)
+    state: SnapshotState  # the snapshot's state it is valid for (it moves as its rows are emitted)
     table: str
     pk: tuple[str, ...]
+    names: tuple[str, ...]  # the row's columns: each tuple holds them, then the row's xmin (as text), then more
     start: tuple[int, int] | None  # P: the stream position the window opens at
-    rows: dict[tuple[Any, ...], tuple[dict[str, Any], int]]  # key -> (values, xmin)
+    tuples: Sequence[Any]  # the selected rows, in key order
+    key_of: Callable[[Any], Any]  # a tuple's key: the value of a one-column key, else a tuple
     last_key: dict[str, Any] | None  # the last key selected (dropped or not): the next chunk starts after it
     more: bool  # the table has rows after it
     scanned_to: tuple[int, int] | None = None  # the log read so far by this chunk's window
-    dropped: set[tuple[Any, ...]] = field(default_factory=set)
+    ready_at: dt.datetime | None = None  # when its high watermark committed (read from the log): rows may go
+    keys: set[Any] = field(default_factory=set)  # every selected key
+    dropped: set[Any] = field(default_factory=set)  # the keys the log changed inside the window
+    taken: int = 0  # tuples handled so far (emitted or dropped)
+
+    def __post_init__(self) -> None:
+        self.keys = set(map(self.key_of, self.tuples))
+
+    @property
+    def done(self) -> bool:
+        return self.taken >= len(self.tuples)
 
     def covers(self, state: SnapshotState | None, position: tuple[int, int] | None) -> bool:
         """Whether this chunk's window has read the log contiguously from its start to ``position``."""
@@ -205,25 +254,66 @@ class Chunk:
         """A change read from the log inside the window: its keys leave the chunk."""
         self.scanned_to = key
         if table == self.table:
+            one = len(self.pk) == 1
             for k in keys:
-                if self.rows.pop(k, None) is not None:
-                    self.dropped.add(k)
+                normal = k[0] if one else k
+                if normal in self.keys:
+                    self.dropped.add(normal)
+
+    def take(self, n: int) -> tuple[Sequence[Any], SnapshotState]:
+        """Up to ``n`` rows not dropped, and the snapshot's state once they landed.
+
+        Its high watermark must have been read. The last take of a chunk (the rest dropped or
+        taken) moves the snapshot past the chunk; an earlier one, past its last row.
+        """
+        tuples, key_of, dropped, i = self.tuples, self.key_of, self.dropped, self.taken
+        if not dropped:
+            out: Sequence[Any] = tuples[i : i + n]
+            i += len(out)
+        else:
+            kept: list[Any] = []
+            while i < len(tuples) and len(kept) < n:
+                i += 1
+                if key_of(tuples[i - 1]) not in dropped:
+                    kept.append(tuples[i - 1])
+            while i < len(tuples) and key_of(tuples[i]) in dropped:  # a dropped tail: the chunk ends now
+                i += 1
+            out = kept
+        self.taken = i
+        state = self.state
+        if i < len(tuples):
+            last = tuples[i - 1]
+            state = replace(state, last_key=self._key_dict(last), rows=state.rows + len(out))
+        else:
+            state = self._finished(state, len(out), self.ready_at or dt.datetime.now(dt.UTC))
+        self.state = state
+        return out, state
+
+    def next_basis(self) -> SnapshotState | None:
+        """What the next chunk is read for (its table and last key), or None: this one is the last."""
+        state = self.state
+        if self.more:
+            return replace(state, last_key=self.last_key)
+        if len(state.tables) > 1:
+            return replace(state, tables=state.tables[1:], last_key=None)
+        return None
 
     def advanced(self, now: dt.datetime) -> SnapshotState:
-        """The snapshot's state once this chunk's rows landed."""
-        state = self.state
-        emitted = state.rows + len(self.rows)
+        """The snapshot's state past this chunk when it has no row to emit (an empty select)."""
+        return self._finished(self.state, 0, now)
+
+    def _finished(self, state: SnapshotState, emitted: int, now: dt.datetime) -> SnapshotState:
+        rows = state.rows + emitted
         if self.more:
-            return replace(state, last_key=self.last_key, rows=emitted, chunks=state.chunks + 1)
+            return replace(state, last_key=self.last_key, rows=rows, chunks=state.chunks + 1)
         rest = state.tables[1:]
         return replace(
-            state,
-            tables=rest,
-            last_key=None,
-            rows=emitted,
-            chunks=state.chunks + 1,
-            finished_at=None if rest else now,
+            state, tables=rest, last_key=None, rows=rows, chunks=state.chunks + 1, finished_at=None if rest else now
         )
+
+    def _key_dict(self, row: Any) -> dict[str, Any]:
+        key = self.key_of(row)
+        return dict(zip(self.pk, key, strict=True)) if len(self.pk) > 1 else {self.pk[0]: key}
 
 
 class ChunkReader:
@@ -250,7 +340,7 @@ class ChunkReader:
         return self._pks[table]
 
     def estimate(self, tables: Sequence[str]) -> int | None:
-        """Rows the tables hold by the planner's statistics (None when never analysed)."""
+        """Rows the tables hold by the planner's (or the activity) statistics (None when unknown)."""
         with self._engine.connect() as conn:
             counts = [conn.execute(_ESTIMATE, {"table": t}).scalar() for t in tables]
         known = [int(c) for c in counts if c is not None]
@@ -272,62 +362,81 @@ class ChunkReader:
             )
         self._published = True
 
-    def read(self, state: SnapshotState, start: tuple[int, int] | None) -> Chunk | None:
-        """Select the next chunk of ``state``'s current table and write its high watermark.
+    def read_ahead(self, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str) -> Chunk | None:
+        """:meth:`read` on a pooled connection of its own (a chunk read while the tick sends the last one's rows)."""
+        with self._engine.connect() as conn:
+            return self.read(conn, state, start, chunk_id)
 
-        None when the select's snapshot could miss a commit that precedes the window (retry later).
+    def read(
+        self, conn: sa.Connection, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str | None = None
+    ) -> Chunk | None:
+        """Select the next chunk of ``state``'s current table and write its high watermark, on ``conn``.
+
+        One statement (one snapshot) selects the chunk and writes the watermark row; the
+        transaction commits after it (:meth:`commit_watermark`), so the watermark comes in the log
+        after every change the select saw, as DBLog's separate write does, and every change it
+        did not see but that committed first is inside the window. The same statement refuses
+        its snapshot when a change it cannot see is already committed (see the module
+        docstring): None then (retry later). An empty chunk writes no watermark. ``conn`` is left
+        with no transaction open.
         """
         table = state.tables[0]
         pk = self.pk(table)
         cols = ", ".join(quote_table(p) for p in pk)
-        conditions = []
-        params: dict[str, Any] = {"n": state.chunk_size + 1}
+        conditions: list[str] = []
+        chunk_id = chunk_id or uuid.uuid4().hex
+        params: dict[str, Any] = {"n": state.chunk_size + 1, "poller": self._config.name, "id": chunk_id}
         if state.last_key is not None:
             binds = ", ".join(f":k{i}" for i in range(len(pk)))
             conditions.append(f"({cols}) > ({binds})")
             params.update({f"k{i}": state.last_key[p] for i, p in enumerate(pk)})
         if state.where:
             conditions.append(f"({state.where})")
-        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        select = sa.text(
-            f"SELECT CAST(xmin AS text) AS {XMIN}, * FROM {quote_table(table)}{where} ORDER BY {cols} LIMIT :n"
+        statement = sa.text(
+            _CHUNK.format(
+                table=quote_table(table),
+                where=" AND ".join(conditions) or "true",
+                cols=cols,
+                signal=quote_table(self._config.signal_table),
+            )
         )
-        with self._engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                if conn.execute(_RACY).scalar():
-                    return None
-                result = conn.execute(select, params)
-                names = tuple(result.keys())[1:]  # the xmin first, then the row's columns
-                fetched = result.fetchall()
-        more = len(fetched) > state.chunk_size
-        rows: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
-        at = [names.index(p) + 1 for p in pk]
-        values: dict[str, Any] | None = None
-        for row in fetched[: state.chunk_size]:
-            values = dict(zip(names, row[1:], strict=True))
-            rows[tuple(row[i] for i in at)] = (values, int(row[0]))
-        last = values
-        chunk = Chunk(
-            id=uuid.uuid4().hex,
-            state=state,
-            table=table,
-            pk=pk,
-            start=start,
-            rows=rows,
-            last_key={p: last[p] for p in pk} if last is not None else None,
-            more=more,
-            scanned_to=start,
-        )
-        if rows:  # an empty chunk needs no watermark: nothing waits for it
-            self.watermark(chunk)
+        conn.rollback()  # whatever the connection did before (a peek): the chunk's transaction starts now
+        try:
+            result = conn.execute(statement, params)
+            names = tuple(result.keys())[:-2]  # the row's columns, then the xmin and the racy flag
+            fetched = fetch_tuples(result)
+            if fetched and fetched[0][-1]:  # a change the select cannot see is already committed
+                conn.rollback()
+                return None
+            more = len(fetched) > state.chunk_size
+            tuples = fetched[: state.chunk_size]
+            at = [names.index(p) for p in pk]
+            chunk = Chunk(
+                id=params["id"],
+                state=state,
+                table=table,
+                pk=pk,
+                names=names,
+                start=start,
+                tuples=tuples,
+                key_of=operator.itemgetter(*at),
+                last_key={p: tuples[-1][i] for p, i in zip(pk, at, strict=True)} if tuples else None,
+                more=more,
+                scanned_to=start,
+            )
+            if tuples:
+                self.commit_watermark(conn, chunk)
+            else:
+                conn.rollback()  # nothing was written
+        except BaseException:
+            with suppress(sa.exc.SQLAlchemyError):
+                conn.rollback()
+            raise
         return chunk
 
-    def watermark(self, chunk: Chunk) -> None:
-        """The high watermark: a committed write to the signal table, decoded in the log after it."""
-        statement = sa.text(_UPSERT.format(table=quote_table(self._config.signal_table)))
-        with self._engine.begin() as conn:
-            conn.execute(statement, {"poller": self._config.name, "kind": KIND_WATERMARK, "id": chunk.id, "data": "{}"})
+    def commit_watermark(self, conn: sa.Connection, chunk: Chunk) -> None:
+        """Commit the chunk's transaction: its high watermark (when it has rows) enters the log here."""
+        conn.commit()
 
 
 def signal_of(new: Mapping[str, Any] | None, poller: str) -> tuple[str, str, dict[str, Any]] | None:

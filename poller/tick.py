@@ -207,25 +207,29 @@ class Tick:
             name=f"committer-{self.name}",
         )
         pages = self._reader(position)
+        moved: Position | None = None  # a position an empty page must still checkpoint (Page.advance)
         try:
             for _ in range(poller.max_batches_per_tick):
                 page = pages.next()
                 nulls = max(nulls, page.skipped_null_cursors)
                 if not len(page):
+                    moved = page.advance
                     reason = "caught_up"
                     break
                 batch = page_batch(poller, self.fingerprint, page)
                 committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
                 self.send(batch)
                 committer.submit(self.checkpoint_after(batch, page), len(page))
-                position = page.last
-                if len(page) < poller.batch_size:
+                position = page.end
+                if page.caught_up(poller.batch_size):
                     reason = "caught_up"
                     break
                 if self.monotonic() >= deadline:
                     reason = "time_budget"
                     break
             landed = committer.flush()
+            if moved is not None and moved != position:
+                self.commit(keeper, self.checkpoint_moved(keeper, moved))  # nothing to send: one write
         except Exception as failure:
             self._land_accepted(committer, keeper, failure)
             raise
@@ -306,13 +310,22 @@ class Tick:
 
     def checkpoint_after(self, batch: Batch, page: Page) -> Checkpoint:
         """The checkpoint past ``page`` (to write once the sink accepted it)."""
-        last = page.last
-        assert last is not None
+        end = page.end
+        assert end is not None
         return Checkpoint(
-            position=last,
+            position=end,
             last_successful_batch_id=batch.batch_id,
             updated_at=self.clock(),
             metadata={"row_count": len(page)},
+        )
+
+    def checkpoint_moved(self, keeper: LeaseKeeper, position: Position) -> Checkpoint:
+        """The checkpoint at ``position`` with no row sent (a source state change no row carries)."""
+        return Checkpoint(
+            position=position,
+            last_successful_batch_id=keeper.checkpoint.last_successful_batch_id,
+            updated_at=self.clock(),
+            metadata={"row_count": 0},
         )
 
     def commit(self, keeper: LeaseKeeper, checkpoint: Checkpoint) -> None:

@@ -137,8 +137,9 @@ class PollerConfig:
     # pg_logical snapshots (poller.snapshot): "initial" delivers every existing row once on the first
     # start (no checkpoint yet) while changes keep flowing; "never" (the default) streams changes only.
     snapshot: Literal["never", "initial"] = "never"
-    # Rows a snapshot chunk reads (0: batch_size), and the table its watermarks and requests are
-    # written to (it must be in the publication: `dbfanout validate --fix` adds it).
+    # Rows a snapshot chunk reads (0: four pages, at most 20,000 rows; see poller.snapshot), and the
+    # table its watermarks and requests are written to (it must be in the publication: `dbfanout
+    # validate --fix` adds it).
     snapshot_chunk_size: int = 0
     signal_table: str = "public.dbfanout_signal"
     # Topic fan-out: ``topic = "orders"`` instead of ``queue``; ``queue`` then holds the same name

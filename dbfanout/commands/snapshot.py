@@ -25,6 +25,7 @@ from dbfanout.commands.common import (
 )
 from poller.engines import source_engine
 from poller.snapshot import ChunkReader, qualified, quote_table, request_statement
+from poller.snapshot import chunk_size as snapshot_chunk_size
 from shared.config import PollerConfig
 
 
@@ -44,7 +45,7 @@ def snapshot_command(
     ] = None,
     chunk_size: Annotated[
         int | None,
-        typer.Option("--chunk-size", min=1, help="Rows per chunk (default: snapshot_chunk_size, else batch_size)"),
+        typer.Option("--chunk-size", min=1, help="Rows per chunk (default: snapshot_chunk_size, else 4 pages)"),
     ] = None,
     cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the poller's running snapshot")] = False,
     json_out: JsonOption = False,
@@ -70,7 +71,7 @@ def snapshot_command(
         "action": "cancel" if cancel else "snapshot",
         "tables": tables or [qualified(t) for t in cfg.tables],
         "where": where,
-        "chunk_size": chunk_size or cfg.snapshot_chunk_size or cfg.batch_size,
+        "chunk_size": snapshot_chunk_size(cfg, chunk_size),
     }
     if json_out:
         print_json(out)

@@ -23,7 +23,7 @@ from dbfanout.commands.common import (
     reporting_errors,
 )
 from dbfanout.ops.bus import bus_client
-from dbfanout.ops.status import poller_status, queue_depth, storage_queue_depth, topic_depth
+from dbfanout.ops.status import poller_status, queue_depth, snapshot_line, storage_queue_depth, topic_depth
 from shared.codec import dumps
 from shared.config import Config
 
@@ -100,7 +100,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         match = "-" if fp is None else "[green]match[/]" if fp else "[red]MISMATCH[/]"
         lag = f"{_text(src.get('lag'))} ({_text(src.get('pending_rows'))} pending)" if src else "-"
         if "snapshot" in row:
-            lag += "\n" + _snapshot_line(row["snapshot"])
+            lag += "\n" + snapshot_line(row["snapshot"])
         active = depth.get("active_unknown") or f"{_text(depth.get('active'))} active"
         queue = f"{depth['queue']}: {active}, {_text(depth.get('dead_lettered'))} DLQ"
         if "topic" in row:
@@ -118,23 +118,6 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             problems or "-",
         )
     return table
-
-
-def _snapshot_line(snap: dict[str, Any]) -> str:
-    """A pg_logical poller's snapshot under its lag: ``snapshot running: public.orders, chunk 12, ...``."""
-    text = f"snapshot {snap['status']}: "
-    if snap["status"] == "running":
-        text += f"{snap['table']}, chunk {snap['chunks'] + 1}, "
-    text += f"{snap['rows']} rows"
-    if snap.get("estimated_rows") is not None:
-        text += f" of ~{snap['estimated_rows']}"
-    if snap.get("rows_per_second") is not None:
-        text += f", {snap['rows_per_second']:.0f} rows/s"
-    if snap.get("eta_seconds") is not None:
-        text += f", ETA {snap['eta_seconds']:.0f}s"
-    if snap.get("error"):
-        text += f" ({snap['error']})"
-    return text
 
 
 def _subscription_lines(row: dict[str, Any]) -> str:

@@ -121,6 +121,7 @@ kind = "pg_logical"
 tables = ["{table}"]
 slot = "{slot}"
 publication = "{slot}"
+signal_table = "{slot}.dbfanout_signal"
 handler = "dbfanout.demo.handler:handle_pg_logical"
 """
 )

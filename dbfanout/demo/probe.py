@@ -4,7 +4,9 @@
   version, so it counts the changes handed to Service Bus);
 * handled / distinct / duplicates: the example handler's processed-events and duplicates tables;
 * queue and DLQ depth: the in-process emulator (``--topic``: summed over the subscriptions);
-* ``--topic``: the audit subscription's record (events it was given, and how many more than once).
+* ``--topic``: the audit subscription's record (events it was given, and how many more than once);
+* a pg_logical poller's snapshot (``--source pg-logical``): its progress in the state blob, as
+  ``dbfanout status`` shows it (table, chunk, rows, rate, ETA).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from azure.storage.blob import BlobServiceClient
 
 from dbfanout.demo.handler import AUDIT_TABLE
 from dbfanout.demo.writer import SourceWriter
+from dbfanout.ops.status import snapshot_progress
 from sbemulator import Emulator
 from sbemulator.config import subscription_path
 from shared.codec import decode_state
@@ -47,6 +50,8 @@ class Snapshot:
     # --topic: events the audit subscription was given, and those given more than once (must be 0).
     audit_events: int | None = None
     audit_duplicates: int | None = None
+    # A pg_logical poller's snapshot as of its last checkpoint (dbfanout.ops.status.snapshot_progress).
+    snapshot: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -59,6 +64,8 @@ class Snapshot:
         }
         if self.audit_events is not None:
             out["audit"] = {"events": self.audit_events, "given_more_than_once": self.audit_duplicates}
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot
         return out
 
 
@@ -85,6 +92,7 @@ class Probe:
         self._emulator = emulator
         self.target = target
         self._last_checkpoint = 0
+        self.last_snapshot: dict[str, Any] | None = None  # read with the checkpoint
 
     def checkpoint(self, writer: SourceWriter) -> int:
         """The committed checkpoint as a version (0 before the first commit); the last value on a read error.
@@ -98,6 +106,8 @@ class Probe:
         except AzureError:
             return self._last_checkpoint  # a slow read must not stall the view
         position = doc.checkpoint.position
+        if position is not None and position.snapshot is not None:
+            self.last_snapshot = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
         if position is not None and isinstance(position.cursor, Lsn):
             self._last_checkpoint = writer.version_at_lsn(position.cursor)
         elif position is not None and isinstance(position.cursor, int):
@@ -147,4 +157,5 @@ class Probe:
             log=log,
             audit_events=audit_events,
             audit_duplicates=audit_duplicates,
+            snapshot=self.last_snapshot,
         )

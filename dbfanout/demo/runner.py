@@ -38,7 +38,7 @@ from dbfanout.demo.appdir import (
     sqlite_engine,
 )
 from dbfanout.demo.compare import Comparison, compare, read_source, read_target
-from dbfanout.demo.operator import ReplayRun
+from dbfanout.demo.operator import ReplayRun, SnapshotRun
 from dbfanout.demo.pg_source import DEFAULT_PG_URL, PgDemoSource
 from dbfanout.demo.probe import Probe, Snapshot
 from dbfanout.demo.services import (
@@ -50,6 +50,7 @@ from dbfanout.demo.services import (
     wait_for,
 )
 from dbfanout.demo.writer import SourceWriter
+from dbfanout.ops.status import snapshot_line
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -57,6 +58,8 @@ QUEUE = "orders-changes"
 POLLER = "orders"
 LOCK_DURATION = "PT10S"
 REFRESH = 0.5  # seconds between live-view refreshes (and condition checks)
+SNAPSHOT_AT = 0.6  # --source pg-logical: the operator re-snapshots the table at this share of --duration
+SNAPSHOT_CHUNK = 50  # rows per chunk of that snapshot (small: the view shows it chunk by chunk)
 HOST_START_TIMEOUT = 90.0
 
 
@@ -91,7 +94,10 @@ class _Story:
     dlq_peak: int = 0
     poison_announced: bool = False
     fixed: bool = False
+    duration: float = 60.0  # --duration (the story's clock)
     replay: ReplayRun | None = None
+    snapshot: SnapshotRun | None = None  # --source pg-logical: the operator's `dbfanout snapshot`
+    snapshot_over: bool = False  # it finished (or failed) and the story said so
     drain_started: float | None = None
     drain_seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -172,7 +178,7 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
             outbox=options.source == "outbox", hard_deletes=pg is not None,
         )  # fmt: skip
         stack.callback(_stop_quietly, writer)
-        story = _Story()
+        story = _Story(duration=options.duration)
         if options.keep:
             story.say(f"app folder (kept): {workdir}")
         stack.callback(_stop_replay, story)
@@ -237,6 +243,8 @@ def _loop(
 
 def _drained(story: _Story, writer: SourceWriter, snap: Snapshot) -> bool:
     replay_done = story.replay is not None and story.replay.poll()
+    if story.snapshot is not None and not story.snapshot_over:
+        return False  # the operator's snapshot is still being read
     return bool(replay_done) and snap.enqueued >= writer.version and snap.queue_messages == 0 and snap.dlq == 0
 
 
@@ -270,11 +278,37 @@ def _advance(
             story.problems.append(f"dlq replay failed: {story.replay.error}")
             story.say(f"dlq replay failed: {story.replay.error}")
         story.phase = "replayed"
+    if options.source == "pg-logical":
+        _snapshot_step(story, snap, app, env)
     if story.drain_started is None and t >= options.duration:
         writer.stop()
         story.drain_started = time.monotonic()
         story.say(f"writer stopped after {writer.version:,} changes; waiting for the pipeline to drain")
         story.phase = f"draining ({story.phase})" if story.phase not in ("replayed",) else "draining"
+
+
+def _snapshot_step(story: _Story, snap: Snapshot, app: DemoApp, env: dict[str, str]) -> None:
+    """--source pg-logical: the operator re-reads the live table beside the stream (``dbfanout
+    snapshot``); the view follows its progress in the state blob until it is done."""
+    if story.snapshot is None:
+        if story.elapsed() >= SNAPSHOT_AT * story.duration:
+            story.say(f"operator runs: dbfanout snapshot {POLLER} --chunk-size {SNAPSHOT_CHUNK}: every row is read "
+                      "again beside the stream, none overwrites a newer change")  # fmt: skip
+            story.snapshot = SnapshotRun(app, env, POLLER, SNAPSHOT_CHUNK)
+        return
+    run = story.snapshot
+    if story.snapshot_over or not run.poll():
+        return
+    progress = snap.snapshot
+    if run.error is not None:
+        story.snapshot_over = True
+        story.problems.append(f"dbfanout snapshot failed: {run.error}")
+        story.say(f"dbfanout snapshot failed: {run.error}")
+    elif progress is not None and progress["id"] == run.request and progress["status"] != "running":
+        story.snapshot_over = True
+        story.say(f"{snapshot_line(progress)} in {progress['chunks']} chunks")
+        if progress["status"] != "done":
+            story.problems.append(f"the snapshot ended {progress['status']}: {progress.get('error')}")
 
 
 def _summary(
@@ -294,6 +328,8 @@ def _summary(
         problems.append("nothing was replayed from the dead-letter queue")
     if options.topic:
         problems += _audit_problems(last)
+    if options.source == "pg-logical" and not story.snapshot_over:
+        problems.append("the operator's snapshot did not finish")
     ok = check.ok and not problems and last.dlq == 0
     return {
         "ok": ok,
@@ -310,6 +346,7 @@ def _summary(
             "left": last.dlq,
             "replay_exit_code": replay.exit_code if replay is not None else None,
         },
+        "snapshot": last.snapshot,
         "check": check.to_json(),
         "drain_seconds": round(story.drain_seconds, 2),
         "problems": problems,
@@ -338,3 +375,5 @@ def _stop_quietly(writer: SourceWriter) -> None:
 def _stop_replay(story: _Story) -> None:
     if story.replay is not None:
         story.replay.stop()
+    if story.snapshot is not None:
+        story.snapshot.stop()

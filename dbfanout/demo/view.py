@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dbfanout.demo.probe import Snapshot
+from dbfanout.ops.status import snapshot_line
 
 __all__ = ["LiveView", "render_summary"]
 
@@ -42,6 +43,8 @@ def _panel(s: Snapshot) -> Panel:
             Text(f"{s.audit_events:,}", style="bold red" if again else "green"),
             f"events it was given; {again:,} more than once (the replica's retries never reach it)",
         )
+    if s.snapshot is not None:
+        table.add_row("snapshot", f"{s.snapshot['rows']:,}", snapshot_line(s.snapshot).removeprefix("snapshot "))
     story = Text("\n".join(s.log[-6:]) or "starting...", style="cyan")
     title = f"dbfanout demo · {s.phase} · {s.elapsed:5.1f} s"
     return Panel(Group(table, Text(""), story), title=title, border_style="blue")

@@ -26,7 +26,7 @@ from azure.core.exceptions import ResourceExistsError
 from poller.lease import default_skew_margin
 from poller.ports import Snapshot
 from poller.state_blob import BlobStateStore, blob_errors
-from shared.codec import decode_position, dumps, encode_state, loads
+from shared.codec import decode_position, decode_snapshot, dumps, encode_state, loads
 from shared.errors import DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Lease, Position, StateDoc
@@ -72,7 +72,12 @@ def position_from_export(doc: Any) -> tuple[Position | None, str | None]:
     if not isinstance(doc, dict) or not isinstance(doc.get("checkpoint"), dict):
         raise ValueError("not a checkpoint export: expected an object with a checkpoint field")
     fingerprint = doc.get("source_fingerprint")
-    return decode_position(doc["checkpoint"].get("cursor")), fingerprint if isinstance(fingerprint, str) else None
+    checkpoint = doc["checkpoint"]
+    position = decode_position(checkpoint.get("cursor"))
+    snapshot = decode_snapshot(checkpoint.get("snapshot"))  # a pg_logical snapshot running at the export
+    if position is not None and snapshot is not None:
+        position = Position(position.cursor, position.pk, snapshot)
+    return position, fingerprint if isinstance(fingerprint, str) else None
 
 
 @dataclass

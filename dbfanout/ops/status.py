@@ -8,6 +8,7 @@ outage still shows the lease. Failures become an ``error`` field, never an excep
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,7 +32,15 @@ from shared.config import Config, PollerConfig
 from shared.errors import DbFanoutError, SourceError
 from shared.models import SnapshotState
 
-__all__ = ["PENDING_LIMIT", "poller_status", "queue_depth", "snapshot_progress", "storage_queue_depth", "topic_depth"]
+__all__ = [
+    "PENDING_LIMIT",
+    "poller_status",
+    "queue_depth",
+    "snapshot_line",
+    "snapshot_progress",
+    "storage_queue_depth",
+    "topic_depth",
+]
 
 PENDING_LIMIT = 1000  # count pending rows up to this many (one bounded keyset read)
 PEEK_COUNT_LIMIT = 1000
@@ -144,6 +153,24 @@ def snapshot_progress(state: SnapshotState, landed_at: dt.datetime | None) -> di
         "finished_at": state.finished_at.isoformat() if state.finished_at else None,
         "error": state.error,
     }
+
+
+def snapshot_line(snap: Mapping[str, Any]) -> str:
+    """:func:`snapshot_progress` as one line (``status``, the demo's view): ``snapshot running:
+    public.orders, chunk 12, 5500 rows of ~10000, 2400 rows/s, ETA 2s``."""
+    text = f"snapshot {snap['status']}: "
+    if snap["status"] == "running":
+        text += f"{snap['table']}, chunk {snap['chunks'] + 1}, "
+    text += f"{snap['rows']} rows"
+    if snap.get("estimated_rows") is not None:
+        text += f" of ~{snap['estimated_rows']}"
+    if snap.get("rows_per_second") is not None:
+        text += f", {snap['rows_per_second']:.0f} rows/s"
+    if snap.get("eta_seconds") is not None:
+        text += f", ETA {snap['eta_seconds']:.0f}s"
+    if snap.get("error"):
+        text += f" ({snap['error']})"
+    return text
 
 
 def _slot_source(source: PgLogicalSource) -> dict[str, Any]:

@@ -104,7 +104,9 @@ def test_demo_with_the_outbox_source_replicates_hard_deletes_exactly() -> None:
     assert summary["dlq"]["replayed"] >= 1 and summary["dlq"]["left"] == 0
 
 
-def test_demo_with_the_pg_logical_source_replicates_hard_deletes_exactly(pg_url: str) -> None:
+def test_demo_with_the_pg_logical_source_replicates_hard_deletes_exactly_and_a_snapshot_beside_them(
+    pg_url: str,
+) -> None:
     # Given the replication-slot variant on the local PostgreSQL (wal_level = logical)
     reason = logical_reason(pg_url)
     if reason:
@@ -123,6 +125,11 @@ def test_demo_with_the_pg_logical_source_replicates_hard_deletes_exactly(pg_url:
     assert check["exact_match"] is True and written["delete"] > 0
     assert check["target_rows"] == check["source_rows"] == written["insert"] - written["delete"]
     assert summary["pipeline"]["enqueued_changes"] == written["total"]
+    # And the operator's snapshot of the live table (chunks of 50) ran beside the stream: the view
+    # followed it from the state blob (as dbfanout status does) until done
+    snapshot = summary["snapshot"]
+    assert snapshot["status"] == "done" and snapshot["rows"] > 0 and snapshot["chunks"] >= 2, snapshot
+    assert "operator runs: dbfanout snapshot orders" in proc.stderr and "snapshot done:" in proc.stderr
     engine = sa.create_engine(pg_url)
     with engine.connect() as conn:
         left = conn.execute(sa.text("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'dbfanout_demo_%'")).scalar()

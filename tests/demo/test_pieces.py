@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from rich.console import Console
 
 from dbfanout.demo.appdir import SOURCE_DDL, sqlite_engine
 from dbfanout.demo.handler import (
@@ -21,9 +23,12 @@ from dbfanout.demo.handler import (
     is_fixed,
     is_poison,
 )
+from dbfanout.demo.probe import Snapshot
 from dbfanout.demo.services import ChildProcess, wait_for
+from dbfanout.demo.view import _panel
 from dbfanout.demo.writer import SourceWriter
-from shared.models import HandlerContext, Lsn, RowChange
+from dbfanout.ops.status import snapshot_line, snapshot_progress
+from shared.models import HandlerContext, Lsn, RowChange, SnapshotState
 from shared.outbox import create_outbox
 
 
@@ -134,3 +139,22 @@ def test_the_pg_logical_handler_orders_a_hard_delete_after_the_rows_last_version
     # Then the example handler sees version 7 for the update and a later cursor for the delete
     assert as_versioned_change(update).cursor == 7
     assert as_versioned_change(delete).cursor > as_versioned_change(update).cursor  # type: ignore[operator]
+
+
+def test_the_live_view_shows_a_running_snapshot_as_status_does() -> None:
+    # Given a probe reading of a pg_logical poller whose snapshot is half way (as the state blob has it)
+    started = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
+    state = SnapshotState(id="r1", tables=("demo.orders",), chunk_size=50, last_key={"id": 149}, rows=150,
+                          chunks=3, estimate=400, started_at=started)  # fmt: skip
+    progress = snapshot_progress(state, started + dt.timedelta(seconds=3))
+    reading = Snapshot(elapsed=12.0, phase="replayed", written={"insert": 1, "update": 0, "delete": 0}, version=1,
+                       enqueued=1, lag_changes=0, lag_seconds=0.0, queue_messages=0, handled=1, distinct=1,
+                       duplicates=0, dlq=0, snapshot=progress)  # fmt: skip
+    # When the view draws it
+    console = Console(record=True, width=160)
+    console.print(_panel(reading))
+    text = console.export_text()
+    # Then it shows the table, the chunk, the rows, the rate and the ETA, in status's words
+    assert "running: demo.orders, chunk 4, 150 rows of ~400, 50 rows/s, ETA 5s" in text
+    assert snapshot_line(progress) == "snapshot running: demo.orders, chunk 4, 150 rows of ~400, 50 rows/s, ETA 5s"
+    assert reading.to_json()["snapshot"]["rows"] == 150

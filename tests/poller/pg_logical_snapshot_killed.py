@@ -29,15 +29,15 @@ from tests.poller.pg_logical_killed_tick import FileSink
 
 
 class WindowWriter(ChunkReader):
-    """The real reader; after each select, before its watermark, it updates and deletes rows of that chunk."""
+    """The real reader; after each select, before its watermark commits, it updates and deletes rows of that chunk."""
 
-    def watermark(self, chunk: Chunk) -> None:
+    def commit_watermark(self, conn: sa.Connection, chunk: Chunk) -> None:
         table = self._config.tables[0]
-        keys = [k[0] for k in random.sample(list(chunk.rows), min(3, len(chunk.rows)))]
-        with self._engine.begin() as conn:
+        keys = random.sample(sorted(chunk.keys), min(3, len(chunk.keys)))  # a one-column key: its values
+        with self._engine.begin() as other:
             for key, statement in zip(keys, _WINDOW, strict=False):
-                conn.execute(sa.text(statement.format(t=table)), {"k": key})
-        super().watermark(chunk)
+                other.execute(sa.text(statement.format(t=table)), {"k": key})
+        super().commit_watermark(conn, chunk)
 
 
 # What the window's writes do to three rows of the chunk being read: update, delete, update again.

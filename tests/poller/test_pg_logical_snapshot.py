@@ -4,8 +4,8 @@ The guarantee: after a snapshot completes, the target rebuilt from every event (
 event id, in delivery order) equals the source, whatever was inserted, updated or deleted during
 it; a snapshot row never arrives after a newer change of its key, and a key deleted meanwhile is
 not resurrected. The worst interleavings are forced, not hoped for: writes are made between a
-chunk's select and its high watermark (a reader whose watermark write first runs them), and
-between the fetches of a tick.
+chunk's select and the commit of its high watermark (a reader whose watermark commit first runs
+them), and between the fetches and ticks (while a chunk's pages are being sent).
 """
 
 from __future__ import annotations
@@ -61,17 +61,17 @@ def source_rows(table: LogicalTable) -> dict[int, tuple[Any, Any]]:
 
 
 class WriterBetween(ChunkReader):
-    """The real chunk reader, with writes made between each chunk's select and its high watermark
-    (the window DBLog exists for): ``writes`` is called with the chunk's number."""
+    """The real chunk reader, with writes made between each chunk's select and the commit of its high
+    watermark (the window DBLog exists for): ``writes`` is called with the chunk's number."""
 
     def __init__(self, config: PollerConfig, engine: sa.Engine, writes: Callable[[int], None]) -> None:
         super().__init__(config, engine)
         self.writes, self.chunks = writes, 0
 
-    def watermark(self, chunk: Chunk) -> None:
+    def commit_watermark(self, conn: sa.Connection, chunk: Chunk) -> None:
         self.writes(self.chunks)
         self.chunks += 1
-        super().watermark(chunk)
+        super().commit_watermark(conn, chunk)
 
 
 def _source(config: PollerConfig, writes: Callable[[int], None] | None = None) -> PgLogicalSource:
@@ -150,6 +150,56 @@ def test_keys_changed_between_a_chunks_select_and_its_watermark_are_never_stale_
     for chunk in range(3):
         changed = [e for e in events if e.pk["id"] in (chunk * 20 + 1, chunk * 20 + 2, chunk * 20 + 3)]
         assert all(e.change != "read" for e in changed), [(e.change, e.pk) for e in changed]
+
+
+def test_a_key_changed_after_the_watermark_leaves_the_rest_of_its_chunk(logical: LogicalTable) -> None:
+    # Given chunks of 20 sent in pages of 5, one page a tick: a chunk outlives its watermark
+    logical.drop_slot()
+    logical.insert(range(40), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=20, batch_size=5, max_batches_per_tick=1)
+    store, sink, source = MemoryStateStore("p"), RecordingSink(), _source(config)
+    run_tick(config, source, store, sink, owner_id="a")
+    assert [e.pk["id"] for e in events_of(sink.accepted)] == [0, 1, 2, 3, 4]
+    # When rows of the chunk not yet sent change after its watermark was read
+    logical.sql("UPDATE {t} SET v = 'late' WHERE id = 12", "DELETE FROM {t} WHERE id = 15")
+    drain(config, source, store, sink, max_ticks=100)
+    events = events_of(sink.accepted)
+    # Then those keys come only as their changes (the chunk's copies would be older, or resurrect
+    # a deleted row), and the target equals the source
+    assert [(e.change, e.pk["id"]) for e in events if e.pk["id"] in (12, 15)] == [("update", 12), ("delete", 15)]
+    assert sorted(e.pk["id"] for e in events if e.change == "read") == sorted(set(range(40)) - {12, 15})
+    assert rebuild(events) == source_rows(logical)
+
+
+def test_changes_made_during_a_snapshot_go_out_before_the_rest_of_its_chunk_in_the_same_tick(
+    logical: LogicalTable,
+) -> None:
+    # Given a snapshot whose first page of a chunk of 20 went out (pages of 10)
+    logical.drop_slot()
+    logical.insert(range(40), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=20, batch_size=10, max_batches_per_tick=1)
+    store, sink, source = MemoryStateStore("p"), RecordingSink(), _source(config)
+    run_tick(config, source, store, sink, owner_id="a")
+    # When a row is inserted and the next tick may send many pages
+    logical.insert([1000], "live")
+    result = run_tick(config, source, store, next_sink := RecordingSink(), owner_id="a")
+    first = events_of(next_sink.accepted)
+    # Then the change went first, alone in its page, and the tick went on (not "caught up")
+    assert [(e.change, e.pk["id"]) for e in first] == [("insert", 1000)]
+    assert result.stop_reason == "max_batches"
+    # And a page of the chunk's follows, read from memory (a steady stream does not stall it),
+    # then the next change first again, then the rest in the same tick
+    many = replace(config, max_batches_per_tick=20)
+    logical.insert([1001], "live")
+    run_tick(many, source, store, later := RecordingSink(), owner_id="a")
+    pages = [[(e.change, e.pk["id"]) for e in batch.events] for batch in later.accepted]
+    assert pages[0] == [("read", k) for k in range(10, 20)] and pages[1] == [("insert", 1001)]
+    rest_keys = [k for page in pages[2:] for _, k in page]
+    # (1000 and 1001 came as inserts; the chunk read ahead may have been selected before them)
+    assert rest_keys[:20] == list(range(20, 40)) and set(rest_keys[20:]) <= {1000, 1001}
+    assert rebuild([*events_of(sink.accepted), *first, *events_of(later.accepted)]) == source_rows(logical)
 
 
 def test_a_requested_snapshot_of_a_live_poller_resumes_after_its_last_landed_chunk(logical: LogicalTable) -> None:
@@ -267,10 +317,6 @@ def test_random_interleavings_never_yield_a_stale_or_resurrected_row(
         run_tick(config, source, store, sink, owner_id="a")
         run(ops)
     drain(config, source, store, sink, max_ticks=200)
-    # (a change after the end carries the finished state into the checkpoint: when the last chunk
-    # is empty no row does, and every fetch re-reads that empty chunk until one does)
-    logical.sql("INSERT INTO {t} (id, v, n) VALUES (-1, 'end', 0)", "DELETE FROM {t} WHERE id = -1")
-    drain(config, source, store, sink, max_ticks=200)
     # Then the target rebuilt from every event equals the source
     assert rebuild(events_of(sink.accepted)) == source_rows(logical)
     snap = store.load()
@@ -279,7 +325,27 @@ def test_random_interleavings_never_yield_a_stale_or_resurrected_row(
     assert state is not None and not state.active
 
 
-def test_a_cancel_no_change_follows_stops_the_snapshot_and_idle_ticks_write_nothing(logical: LogicalTable) -> None:
+def _slot_backlog(logical: LogicalTable, config: PollerConfig) -> int:
+    """Messages the slot still holds for the poller's publication (0: it passed everything)."""
+    with logical.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(CAST(:s AS name), NULL, NULL,"
+                    " 'proto_version', '1', 'publication_names', :p)"
+                ),
+                {"s": config.slot, "p": config.publication},
+            ).scalar_one()
+        )
+
+
+def _state(store: MemoryStateStore) -> Any:
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    return snap.doc.checkpoint.position.snapshot
+
+
+def test_a_cancel_no_change_follows_lands_in_the_same_tick_and_idle_ticks_read_no_chunk(logical: LogicalTable) -> None:
     # Given a requested snapshot that landed one chunk of 10
     logical.drop_slot()
     logical.insert(range(40), "old")
@@ -297,26 +363,55 @@ def test_a_cancel_no_change_follows_stops_the_snapshot_and_idle_ticks_write_noth
             query = f"SELECT id FROM {config.signal_table} WHERE kind = 'watermark'"
             return conn.execute(sa.text(query)).scalar()
 
-    # When it is cancelled and nothing changes afterwards (no row carries the cancel into the checkpoint)
+    # When it is cancelled, nothing changes afterwards (no row carries the cancel), and ONE tick runs
     statement, params = request_statement(config, cancel=True)
     with logical.engine.begin() as conn:
         conn.execute(statement, params)
     before = watermark()
-    for _ in range(3):
+    run_tick(config, source, store, sink, owner_id="a")
+    # Then the state blob says cancelled after that tick (the same CAS write as a checkpoint), and
+    # the slot passed the cancel (nothing of the poller's is left in it)
+    state = _state(store)
+    assert state is not None and state.cancelled and not state.active
+    assert _slot_backlog(logical, config) == 0
+    # And later idle ticks read no more rows and no chunk (no watermark written)
+    for _ in range(2):
         drain(config, source, store, sink)
-    # Then no more rows are read, idle ticks read no chunk (no watermark written), and the slot
-    # keeps the cancel (it is read again until a checkpoint carries it)
     assert len([e for e in events_of(sink.accepted) if e.change == "read"]) == 10
     assert watermark() == before
-    with logical.engine.connect() as conn:
-        slot = conn.execute(
-            sa.text(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots"
-                " WHERE slot_name = :s"
-            ),
-            {"s": config.slot},
-        ).scalar_one()
-    assert slot > 0
+
+
+def test_a_snapshot_of_an_empty_table_finishes_in_the_tick_that_reads_its_request(logical: LogicalTable) -> None:
+    # Given a streaming poller over an empty table, caught up
+    config = _config(logical, snapshot_chunk_size=10, batch_size=10)
+    store, sink, source = MemoryStateStore("p"), RecordingSink(), _source(config)
+    logical.insert([1], "x")
+    logical.sql("DELETE FROM {t} WHERE id = 1")
+    drain(config, source, store, sink)
+    # When a snapshot is requested and no other write follows
+    statement, params = request_statement(config)
+    with logical.engine.begin() as conn:
+        conn.execute(statement, params)
+    result = run_tick(config, source, store, sink, owner_id="a")
+    # Then after one tick the state blob shows it finished (no row read, none sent)
+    state = _state(store)
+    assert state is not None and not state.active and state.rows == 0 and state.finished_at is not None
+    assert state.id == params["id"] and result.rows == 0
+    assert _slot_backlog(logical, config) == 0
+
+
+def test_an_initial_snapshot_of_an_empty_table_lands_on_the_first_tick(logical: LogicalTable) -> None:
+    # Given snapshot = "initial" on an empty table, no checkpoint yet and no write at all
+    config = _config(logical, snapshot="initial", snapshot_chunk_size=10, batch_size=10)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    # When one tick runs
+    run_tick(config, _source(config), store, sink, owner_id="a")
+    # Then the state blob holds the finished snapshot (a new process will not snapshot again)
+    state = _state(store)
+    assert state is not None and state.id == "initial" and not state.active and state.rows == 0
+    logical.insert([7], "new")
+    drain(config, _source(config), store, sink)
+    assert [(e.change, e.pk["id"]) for e in events_of(sink.accepted)] == [("insert", 7)]
 
 
 def test_two_tables_with_the_same_keys_each_keep_their_rows_and_name_their_table(logical: LogicalTable) -> None:
