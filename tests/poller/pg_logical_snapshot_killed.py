@@ -1,4 +1,4 @@
-"""A pg_logical snapshot tick in its own process, SIGKILLed after its N-th accepted batch.
+"""A pg_logical snapshot tick in its own process, SIGKILLed after its N-th accepted batch of snapshot rows.
 
     python -m tests.poller.pg_logical_snapshot_killed CONFIG STATE_CONN CONTAINER OUT_FILE SEND_N CLOCK_OFFSET_S
 
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import random
+import signal
 import sys
 from typing import Any
 
@@ -24,6 +26,7 @@ from poller.snapshot import Chunk, ChunkReader
 from poller.state_blob import open_state_store
 from poller.tick import run_tick
 from shared.config import PollerConfig
+from shared.models import Batch
 from shared.settings import StorageConnection
 from tests.poller.pg_logical_killed_tick import FileSink
 
@@ -38,6 +41,22 @@ class WindowWriter(ChunkReader):
             for key, statement in zip(keys, _WINDOW, strict=False):
                 other.execute(sa.text(statement.format(t=table)), {"k": key})
         super().commit_watermark(conn, chunk)
+
+
+class SnapshotFileSink(FileSink):
+    """The file "queue", killing the process after its N-th batch holding snapshot rows: the stream's
+    own pages go first, and a busy writer on a slow machine could fill N sends with them alone."""
+
+    def __init__(self, path: str, die_after: int) -> None:
+        super().__init__(path, None)
+        self._snapshot_batches, self._die_after_snapshot = 0, die_after
+
+    def send(self, batch: Batch) -> None:
+        super().send(batch)
+        if any(event.change == "read" for event in batch.events):
+            self._snapshot_batches += 1
+            if self._snapshot_batches == self._die_after_snapshot:
+                os.kill(os.getpid(), signal.SIGKILL)
 
 
 # What the window's writes do to three rows of the chunk being read: update, delete, update again.
@@ -60,7 +79,7 @@ def main(argv: list[str]) -> None:
     store = open_state_store(StorageConnection(connection_string=argv[1]), argv[2], "t", config.name, clock=clock)
     source = PgLogicalSource(config)
     source._chunks = WindowWriter(config, source._engine)
-    sink = FileSink(argv[3], int(argv[4]))
+    sink = SnapshotFileSink(argv[3], int(argv[4]))
     for _ in range(1000):  # ticks until the kill (each tick may stop early: caught up for now)
         run_tick(config, source, store, sink, owner_id=f"killed-{argv[5]}", clock=clock)
     sys.exit(3)  # the kill point was not reached
