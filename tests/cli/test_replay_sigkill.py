@@ -108,8 +108,10 @@ def test_replay_killed_at_random_points_never_loses_a_message(workspace, bus, se
     watch = Watch(bus, source, target)
     try:
         watch.seed(FIRST_SEED, "first")
-        kills = 0
-        for run in range(RUNS):
+        kills = run = 0
+        while run < RUNS or kills < RUNS // 2:  # at least half of them killed mid-way (some end first)
+            run += 1
+            assert run <= 3 * RUNS, f"seed {seed}: only {kills} of {run - 1} replays were still running at their kill"
             if servicebus.queue_stats(source)["dead_lettered"] == 0:
                 watch.seed(REFILL, f"run{run}")
             # When a replay process is killed at a random point
@@ -119,7 +121,6 @@ def test_replay_killed_at_random_points_never_loses_a_message(workspace, bus, se
             kills += proc.returncode == -signal.SIGKILL
             # Then nothing has vanished
             watch.check_nothing_vanished(f"seed {seed}, run {run} killed {point}")
-        assert kills >= RUNS // 2, "most runs should have been killed mid-way"
 
         # And a clean replay (once the killed runs' locks lapsed) empties the DLQ, every original copied
         def replay_rest() -> bool:
