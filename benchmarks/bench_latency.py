@@ -60,16 +60,24 @@ from tests.host.app_support import AppDir, HostProcess, sqlite_engine, wait_for 
 from tests.support.azurite import start_azurite  # noqa: E402
 
 HANDLER = '''
-"""Benchmark handler: appends, per message, each event's commit-to-handler latency."""
+"""Benchmark handler: appends, per message, each live event's commit time and commit-to-handler
+latency (BENCH_OUT), and per message of snapshot rows ("read" events) their count and the time
+(BENCH_OUT + ".snapshot")."""
 import os, threading, time
 _lock = threading.Lock()
 _path = os.environ["BENCH_OUT"]
 
 def handle(events, context):
     now = time.time()
-    lines = "".join(f"{now - e.after['committed_at']:.6f}\\n" for e in events)
-    with _lock, open(_path, "a") as f:
-        f.write(lines)
+    live = [e.after["committed_at"] for e in events if e.change != "read"]
+    lines = "".join(f"{c:.6f} {now - c:.6f}\\n" for c in live)
+    read = len(events) - len(live)
+    with _lock:
+        with open(_path, "a") as f:
+            f.write(lines)
+        if read:
+            with open(_path + ".snapshot", "a") as f:
+                f.write(f"{read} {now:.6f}\\n")
 '''
 
 CONFIG = """
@@ -122,8 +130,25 @@ def _create_source(path: Path) -> sa.Engine:
     return engine
 
 
+def _pairs(path: Path) -> list[tuple[float, float]]:
+    """The handler's lines: (commit time, latency) per live event, or (rows, time) per snapshot message."""
+    if not path.exists():
+        return []
+    return [(float(a), float(b)) for a, b in (line.split() for line in path.read_text().splitlines() if line)]
+
+
 def _lines(path: Path) -> list[float]:
-    return [float(x) for x in path.read_text().split()] if path.exists() else []
+    """The latencies, in the order handled."""
+    return [latency for _, latency in _pairs(path)]
+
+
+def _figures(values: list[float]) -> str:
+    if not values:
+        return "p50=- p95=- p99=- max=- mean=- (no samples)"
+    return (
+        f"p50={_pct(values, 50):.3f} p95={_pct(values, 95):.3f} p99={_pct(values, 99):.3f} "
+        f"max={max(values):.3f} mean={statistics.fmean(values):.3f}"
+    )
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -155,29 +180,42 @@ slot = "{table}"
 publication = "{table}"
 queue = "{queue}"
 schedule = "*/1 * * * * *"
-batch_size = 500
+batch_size = {batch}
 lease_ttl_seconds = 60
 handler = "bench_handler:handle"
 {more}
 """
 
 
-def _pg_logical_source(app: AppDir, more: str) -> tuple[sa.Engine, Any]:
-    """A published table with its slot (wal_level = logical); returns the engine and a cleanup."""
+def _pg_logical_source(app: AppDir, more: str, batch: int = 500, snapshot_rows: int = 0) -> tuple[sa.Engine, Any]:
+    """A published table with its slot (wal_level = logical); returns the engine and (the table, a
+    cleanup, the snapshot table). With ``snapshot_rows``, a second table of that many rows, written
+    before the slot exists (rows only a snapshot delivers), is among the poller's tables, and the
+    poller has a signal table of its own."""
     from poller.pg_logical import setup_sql
     from shared.config import parse_config
     from tests.support.databases import PG_URL, unique_name
 
     table = unique_name("lglat")
+    snap = f"{table}_snap" if snapshot_rows else None
     queue = re.search(r'queue = "([^"]+)"', (app.root / "dbfanout.toml").read_text())
     assert queue is not None
-    text = PG_LOGICAL.format(name=app.app_name, table=table, queue=queue.group(1), more=more)
+    text = PG_LOGICAL.format(name=app.app_name, table=table, queue=queue.group(1), batch=batch, more=more)
+    if snap:
+        text = text.replace(f'tables = ["{table}"]', f'tables = ["{table}", "{snap}"]\nsignal_table = "{table}_signal"')
     (app.root / "dbfanout.toml").write_text(text)
     engine = sa.create_engine(PG_URL)
     with engine.begin() as conn:
         conn.exec_driver_sql(
             f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT, committed_at FLOAT)"
         )
+        if snap:  # bench_snapshot.py's table: id, a short text, a number
+            conn.exec_driver_sql(f"CREATE TABLE {snap} (id INTEGER PRIMARY KEY, v TEXT, n INTEGER)")
+            conn.exec_driver_sql(
+                f"INSERT INTO {snap} (id, v, n) SELECT g, 'customer-' || g, g"
+                f" FROM generate_series(1, {snapshot_rows}) g"
+            )
+            conn.exec_driver_sql(f"ANALYZE {snap}")
     import tomllib
 
     config = parse_config(tomllib.loads(text), {"ORDERS_DB_URL": PG_URL}).pollers["orders"]
@@ -194,20 +232,38 @@ def _pg_logical_source(app: AppDir, more: str) -> tuple[sa.Engine, Any]:
             conn.exec_driver_sql(f"SELECT pg_drop_replication_slot('{table}')")
             conn.exec_driver_sql(f"DROP PUBLICATION IF EXISTS {table}")
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+            if snap:
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {snap}")
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}_signal")
         engine.dispose()
 
-    return engine, (table, cleanup)
+    return engine, (table, cleanup, snap)
+
+
+def _poller_keys(args: argparse.Namespace) -> str:
+    """The poller's keys the latency options set (lines of dbfanout.toml)."""
+    more = f"linger_seconds = {args.linger}\npoll_interval_ms = {args.poll_ms}\n" if args.linger else ""
+    if args.max_batches:
+        more += f"max_batches_per_tick = {args.max_batches}\n"
+    return more
 
 
 def latency(args: argparse.Namespace, tmp: Path) -> None:
-    more = f"linger_seconds = {args.linger}\npoll_interval_ms = {args.poll_ms}\n" if args.linger else ""
+    if args.snapshot_rows and args.db != "pg_logical":
+        sys.exit("--snapshot-rows is for --db pg_logical")
+    more = _poller_keys(args)
     schema = None
     logical: Any = None
     if args.db == "pg_logical":
         from tests.support.databases import PG_URL
 
-        app, azurite, emulator_cm = _prepare(tmp, batch=500, source_url=PG_URL)
-        engine, logical = _pg_logical_source(app, more + ('wake = "notify"\n' if args.wake == "notify" else ""))
+        app, azurite, emulator_cm = _prepare(tmp, batch=args.batch, source_url=PG_URL)
+        engine, logical = _pg_logical_source(
+            app,
+            more + ('wake = "notify"\n' if args.wake == "notify" else ""),
+            batch=args.batch,
+            snapshot_rows=args.snapshot_rows,
+        )
     elif args.db == "postgresql":
         from tests.host.app_support import drop_pg_schema, pg_schema_url
         from tests.support.databases import PG_URL, unique_name
@@ -218,7 +274,9 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
         if args.wake == "notify":
             more += 'wake = "notify"\n'
     if logical is None:
-        app, azurite, emulator_cm = _prepare(tmp, batch=500, more=more, source_url=source_url if schema else None)
+        app, azurite, emulator_cm = _prepare(
+            tmp, batch=args.batch, more=more, source_url=source_url if schema else None
+        )
         engine = _create_pg_source(source_url) if schema else _create_source(app.root / "source.db")
     out = app.root / "latency.txt"
     os.environ["BENCH_OUT"] = str(out)
@@ -230,7 +288,12 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
         probe = PollerConfig(name="orders", source_url=source_url, cursor="version", pk=("id",), queue="q")
         create_notify_triggers(replace(probe, table="orders", wake="notify"))
     poll_ms = args.poll_ms if args.linger else "-"
-    print(f"db={args.db} linger={args.linger or 'off'} poll_interval_ms={poll_ms} wake={args.wake}")
+    print(
+        f"db={args.db} linger={args.linger or 'off'} poll_interval_ms={poll_ms} wake={args.wake} batch={args.batch}"
+        + (f" max_batches={args.max_batches}" if args.max_batches else "")
+        + (f" snapshot_rows={args.snapshot_rows}" if args.snapshot_rows else ""),
+        flush=True,
+    )
     host = HostProcess(app).start()
     stop = threading.Event()
     written = [0]
@@ -253,18 +316,20 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
     try:
         wait_for(host.started, 60, "the host to start")
         thread = threading.Thread(target=writer, daemon=True)
+        began = time.time()
         thread.start()
         time.sleep(args.seconds)
+        snapshot = _snapshot(app, logical[2], args) if args.snapshot_rows else None
         stop.set()
         thread.join()
         wait_for(lambda: len(_lines(out)) >= written[0], 120, "every row to be handled")
+        if snapshot is not None:
+            _print_snapshot_latency(_pairs(out), began, args, *snapshot)
+            return
         values = _lines(out)
         steady = values[int(len(values) * args.warmup) :]
         print(f"rows={written[0]} rate={written[0] / args.seconds:.0f}/s handled={len(values)} measured={len(steady)}")
-        print(
-            f"latency s: p50={_pct(steady, 50):.3f} p95={_pct(steady, 95):.3f} p99={_pct(steady, 99):.3f} "
-            f"max={max(steady):.3f} mean={statistics.fmean(steady):.3f}"
-        )
+        print(f"latency s: {_figures(steady)}")
     finally:
         host.stop_quietly()
         emulator_cm.__exit__(None, None, None)  # type: ignore[attr-defined]
@@ -274,6 +339,54 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
             drop_pg_schema(PG_URL, schema)
         if logical:
             logical[1]()
+
+
+def _snapshot(app: AppDir, snap_table: str, args: argparse.Namespace) -> tuple[float, list[tuple[float, float]]]:
+    """The measured snapshot: ``dbfanout snapshot orders --table T`` (as a user queues one), then
+    wait until the handler has seen every row of the table as a "read" event. Returns the
+    request's time and the handler's (rows, time) lines of snapshot messages."""
+    done = Path(os.environ["BENCH_OUT"] + ".snapshot")
+    env = {k: v for k, v in os.environ.items() if k not in app.settings}  # local.settings.json decides
+    requested = time.time()
+    cmd = [sys.executable, "-m", "dbfanout.cli", "snapshot", "orders", "--table", snap_table]
+    cmd += ["--config", str(app.root / "dbfanout.toml")]
+    queued = subprocess.run(cmd, cwd=app.root, env=env, capture_output=True, text=True, timeout=120)
+    if queued.returncode:
+        raise RuntimeError(f"dbfanout snapshot failed: {queued.stdout}{queued.stderr}")
+
+    def handled() -> bool:
+        return sum(int(n) for n, _ in _pairs(done)) >= int(args.snapshot_rows)
+
+    wait_for(handled, args.snapshot_timeout, "every snapshot row to be handled")
+    return requested, _pairs(done)
+
+
+def _print_snapshot_latency(
+    values: list[tuple[float, float]],
+    began: float,
+    args: argparse.Namespace,
+    requested: float,
+    reads: list[tuple[float, float]],
+) -> None:
+    """Idle: the live rows committed after the warm-up and before the snapshot's request. During:
+    those committed while snapshot rows reached the handler (its first to its last read event)."""
+    first, last = min(t for _, t in reads), max(t for _, t in reads)
+    rows = int(sum(n for n, _ in reads))
+    idle_from = began + args.seconds * args.warmup
+    idle = [lat for commit, lat in values if idle_from <= commit < requested]
+    during = [lat for commit, lat in values if first <= commit <= last]
+    duration = last - first
+    print(f"rows={len(values)} rate={args.rate}/s handled={len(values)} idle={len(idle)} during={len(during)}")
+    print(f"idle            latency s: {_figures(idle)}")
+    print(f"during snapshot latency s: {_figures(during)}")
+    if idle and during:
+        ratios = " ".join(f"p{p}={_pct(during, p) / _pct(idle, p):.1f}x" for p in (50, 95, 99))
+        print(f"during / idle: {ratios}")
+    print(
+        f"snapshot: {rows:,} rows in {duration:.1f} s = {rows / duration if duration > 0 else 0:,.0f} rows/s "
+        f"(first to last read event handled); {rows / (last - requested):,.0f} rows/s from the request "
+        f"(dbfanout snapshot, {first - requested:.1f} s to the first row)"
+    )
 
 
 def _rss_mb(pid: int) -> float:
@@ -522,6 +635,16 @@ def main() -> None:
         "--db", choices=("sqlite", "postgresql", "pg_logical"), default="sqlite", help="postgresql: xid_column"
     )
     lat.add_argument("--wake", choices=("poll", "notify"), default="poll", help="notify: PostgreSQL, with --linger")
+    lat.add_argument("--batch", type=int, default=500, help="the poller's batch_size")
+    lat.add_argument("--max-batches", type=int, default=0, help="max_batches_per_tick (0: the poller's default)")
+    lat.add_argument(
+        "--snapshot-rows",
+        type=int,
+        default=0,
+        help="pg_logical: after --seconds idle, snapshot a second table of this many rows (dbfanout snapshot) "
+        "and measure the live rows' latency while it runs",
+    )
+    lat.add_argument("--snapshot-timeout", type=float, default=1800.0)
     cat = sub.add_parser("catchup")
     cat.add_argument("--rows", type=int, default=200_000, help="1000000 for the headline")
     cat.add_argument("--batch", type=int, default=1000, help="the poller's batch_size")
