@@ -2,6 +2,7 @@
 
     python benchmarks/bench_latency.py latency [--rate 1000] [--seconds 60] [--linger 1 --poll-ms 50]
                                                [--db sqlite|postgresql|pg_logical] [--wake notify]
+                                               [--batch 500] [--max-batches N] [--snapshot-rows N]
     python benchmarks/bench_latency.py catchup [--rows 1000000] [--baseline DIR]
 
 Both run the real ``function_app.py`` under ``dbfanout run`` as a child process, against Azurite,
@@ -15,6 +16,14 @@ the project's Service Bus emulator and a SQLite source in WAL mode.
   ``--wake notify`` (with it) wakes the linger by LISTEN/NOTIFY instead of polling; ``--db
   pg_logical`` reads a published table through a replication slot (wal_level = logical).
   Targets: p99 <= 2 s; with linger p50 <= 0.10 s, p99 <= 0.25 s (issue 23).
+  ``--snapshot-rows N`` (with ``--db pg_logical``; issue 25): a second table of N rows, written
+  before the slot, is among the poller's tables (own signal table). After ``--seconds`` of the
+  stream alone (idle), ``dbfanout snapshot orders --table T`` queues a snapshot of it and the run
+  lasts until the handler has seen all N rows (size N so it lasts: one snapshot per run, since a
+  second one's pages would largely repeat the first's message ids, which duplicate detection drops).
+  Prints the idle figure (rows committed after the warm-up, before the request) and the
+  during-snapshot figure (rows committed between the first and the last snapshot row handled),
+  each split at the message's enqueued time (poller side / worker side), and the snapshot's rows/s.
 * catchup: ``--rows`` rows (default 200k; 1000000 for the headline) exist before the host starts;
   the host drains them while its RSS (``/proc/<pid>/status`` VmRSS) is sampled. The emulator runs
   in its own process here, so each process's CPU time per row is reported too. rows/s is measured
@@ -60,9 +69,9 @@ from tests.host.app_support import AppDir, HostProcess, sqlite_engine, wait_for 
 from tests.support.azurite import start_azurite  # noqa: E402
 
 HANDLER = '''
-"""Benchmark handler: appends, per message, each live event's commit time and commit-to-handler
-latency (BENCH_OUT), and per message of snapshot rows ("read" events) their count and the time
-(BENCH_OUT + ".snapshot")."""
+"""Benchmark handler: appends, per message, each live event's commit time, commit-to-handler
+latency and the message's enqueued time (BENCH_OUT), and per message of snapshot rows ("read"
+events) their count and the time (BENCH_OUT + ".snapshot")."""
 import os, threading, time
 _lock = threading.Lock()
 _path = os.environ["BENCH_OUT"]
@@ -70,7 +79,8 @@ _path = os.environ["BENCH_OUT"]
 def handle(events, context):
     now = time.time()
     live = [e.after["committed_at"] for e in events if e.change != "read"]
-    lines = "".join(f"{c:.6f} {now - c:.6f}\\n" for c in live)
+    enqueued = context.enqueued_time.timestamp() if context.enqueued_time else float("nan")
+    lines = "".join(f"{c:.6f} {now - c:.6f} {enqueued:.6f}\\n" for c in live)
     read = len(events) - len(live)
     with _lock:
         with open(_path, "a") as f:
@@ -130,16 +140,17 @@ def _create_source(path: Path) -> sa.Engine:
     return engine
 
 
-def _pairs(path: Path) -> list[tuple[float, float]]:
-    """The handler's lines: (commit time, latency) per live event, or (rows, time) per snapshot message."""
+def _rows(path: Path) -> list[tuple[float, ...]]:
+    """The handler's lines: (commit time, latency, enqueued time) per live event, or (rows, time)
+    per snapshot message."""
     if not path.exists():
         return []
-    return [(float(a), float(b)) for a, b in (line.split() for line in path.read_text().splitlines() if line)]
+    return [tuple(float(x) for x in line.split()) for line in path.read_text().splitlines() if line]
 
 
 def _lines(path: Path) -> list[float]:
     """The latencies, in the order handled."""
-    return [latency for _, latency in _pairs(path)]
+    return [row[1] for row in _rows(path)]
 
 
 def _figures(values: list[float]) -> str:
@@ -324,7 +335,7 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
         thread.join()
         wait_for(lambda: len(_lines(out)) >= written[0], 120, "every row to be handled")
         if snapshot is not None:
-            _print_snapshot_latency(_pairs(out), began, args, *snapshot)
+            _print_snapshot_latency(_rows(out), began, args, *snapshot)
             return
         values = _lines(out)
         steady = values[int(len(values) * args.warmup) :]
@@ -341,7 +352,7 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
             logical[1]()
 
 
-def _snapshot(app: AppDir, snap_table: str, args: argparse.Namespace) -> tuple[float, list[tuple[float, float]]]:
+def _snapshot(app: AppDir, snap_table: str, args: argparse.Namespace) -> tuple[float, list[tuple[float, ...]]]:
     """The measured snapshot: ``dbfanout snapshot orders --table T`` (as a user queues one), then
     wait until the handler has seen every row of the table as a "read" event. Returns the
     request's time and the handler's (rows, time) lines of snapshot messages."""
@@ -355,33 +366,44 @@ def _snapshot(app: AppDir, snap_table: str, args: argparse.Namespace) -> tuple[f
         raise RuntimeError(f"dbfanout snapshot failed: {queued.stdout}{queued.stderr}")
 
     def handled() -> bool:
-        return sum(int(n) for n, _ in _pairs(done)) >= int(args.snapshot_rows)
+        return sum(int(row[0]) for row in _rows(done)) >= int(args.snapshot_rows)
 
     wait_for(handled, args.snapshot_timeout, "every snapshot row to be handled")
-    return requested, _pairs(done)
+    return requested, _rows(done)
 
 
 def _print_snapshot_latency(
-    values: list[tuple[float, float]],
+    values: list[tuple[float, ...]],
     began: float,
     args: argparse.Namespace,
     requested: float,
-    reads: list[tuple[float, float]],
+    reads: list[tuple[float, ...]],
 ) -> None:
     """Idle: the live rows committed after the warm-up and before the snapshot's request. During:
-    those committed while snapshot rows reached the handler (its first to its last read event)."""
-    first, last = min(t for _, t in reads), max(t for _, t in reads)
-    rows = int(sum(n for n, _ in reads))
+    those committed while snapshot rows reached the handler (its first to its last read event).
+    Each split at the message's enqueued time: commit -> enqueued (the poller, its send) and
+    enqueued -> handler (the worker, the messages ahead of it in the queue)."""
+    first, last = min(row[1] for row in reads), max(row[1] for row in reads)
+    rows = int(sum(row[0] for row in reads))
     idle_from = began + args.seconds * args.warmup
-    idle = [lat for commit, lat in values if idle_from <= commit < requested]
-    during = [lat for commit, lat in values if first <= commit <= last]
+    idle = [row for row in values if idle_from <= row[0] < requested]
+    during = [row for row in values if first <= row[0] <= last]
     duration = last - first
     print(f"rows={len(values)} rate={args.rate}/s handled={len(values)} idle={len(idle)} during={len(during)}")
-    print(f"idle            latency s: {_figures(idle)}")
-    print(f"during snapshot latency s: {_figures(during)}")
+    for label, phase in (("idle           ", idle), ("during snapshot", during)):
+        print(f"{label} latency s: {_figures([row[1] for row in phase])}")
     if idle and during:
-        ratios = " ".join(f"p{p}={_pct(during, p) / _pct(idle, p):.1f}x" for p in (50, 95, 99))
+        idle_l, during_l = [row[1] for row in idle], [row[1] for row in during]
+        ratios = " ".join(f"p{p}={_pct(during_l, p) / _pct(idle_l, p):.1f}x" for p in (50, 95, 99))
         print(f"during / idle: {ratios}")
+    for label, phase in (("idle", idle), ("during", during)):
+        poller = [row[2] - row[0] for row in phase if len(row) > 2 and row[2] == row[2]]  # not NaN
+        worker = [row[0] + row[1] - row[2] for row in phase if len(row) > 2 and row[2] == row[2]]
+        if poller:
+            print(
+                f"  {label}: commit -> enqueued p50={_pct(poller, 50):.3f} p95={_pct(poller, 95):.3f}, "
+                f"enqueued -> handler p50={_pct(worker, 50):.3f} p95={_pct(worker, 95):.3f}"
+            )
     print(
         f"snapshot: {rows:,} rows in {duration:.1f} s = {rows / duration if duration > 0 else 0:,.0f} rows/s "
         f"(first to last read event handled); {rows / (last - requested):,.0f} rows/s from the request "
