@@ -2,6 +2,7 @@
 
     python benchmarks/bench_latency.py latency [--rate 1000] [--seconds 60] [--linger 1 --poll-ms 50]
                                                [--db sqlite|postgresql|pg_logical] [--wake notify]
+                                               [--batch 500] [--max-batches N] [--snapshot-rows N]
     python benchmarks/bench_latency.py catchup [--rows 1000000] [--baseline DIR]
 
 Both run the real ``function_app.py`` under ``dbfanout run`` as a child process, against Azurite,
@@ -15,6 +16,14 @@ the project's Service Bus emulator and a SQLite source in WAL mode.
   ``--wake notify`` (with it) wakes the linger by LISTEN/NOTIFY instead of polling; ``--db
   pg_logical`` reads a published table through a replication slot (wal_level = logical).
   Targets: p99 <= 2 s; with linger p50 <= 0.10 s, p99 <= 0.25 s (issue 23).
+  ``--snapshot-rows N`` (with ``--db pg_logical``; issue 25): a second table of N rows, written
+  before the slot, is among the poller's tables (own signal table). After ``--seconds`` of the
+  stream alone (idle), ``dbfanout snapshot orders --table T`` queues a snapshot of it and the run
+  lasts until the handler has seen all N rows (size N so it lasts: one snapshot per run, since a
+  second one's pages would largely repeat the first's message ids, which duplicate detection drops).
+  Prints the idle figure (rows committed after the warm-up, before the request) and the
+  during-snapshot figure (rows committed between the first and the last snapshot row handled),
+  each split at the message's enqueued time (poller side / worker side), and the snapshot's rows/s.
 * catchup: ``--rows`` rows (default 200k; 1000000 for the headline) exist before the host starts;
   the host drains them while its RSS (``/proc/<pid>/status`` VmRSS) is sampled. The emulator runs
   in its own process here, so each process's CPU time per row is reported too. rows/s is measured
@@ -60,16 +69,25 @@ from tests.host.app_support import AppDir, HostProcess, sqlite_engine, wait_for 
 from tests.support.azurite import start_azurite  # noqa: E402
 
 HANDLER = '''
-"""Benchmark handler: appends, per message, each event's commit-to-handler latency."""
+"""Benchmark handler: appends, per message, each live event's commit time, commit-to-handler
+latency and the message's enqueued time (BENCH_OUT), and per message of snapshot rows ("read"
+events) their count and the time (BENCH_OUT + ".snapshot")."""
 import os, threading, time
 _lock = threading.Lock()
 _path = os.environ["BENCH_OUT"]
 
 def handle(events, context):
     now = time.time()
-    lines = "".join(f"{now - e.after['committed_at']:.6f}\\n" for e in events)
-    with _lock, open(_path, "a") as f:
-        f.write(lines)
+    live = [e.after["committed_at"] for e in events if e.change != "read"]
+    enqueued = context.enqueued_time.timestamp() if context.enqueued_time else float("nan")
+    lines = "".join(f"{c:.6f} {now - c:.6f} {enqueued:.6f}\\n" for c in live)
+    read = len(events) - len(live)
+    with _lock:
+        with open(_path, "a") as f:
+            f.write(lines)
+        if read:
+            with open(_path + ".snapshot", "a") as f:
+                f.write(f"{read} {now:.6f}\\n")
 '''
 
 CONFIG = """
@@ -122,8 +140,26 @@ def _create_source(path: Path) -> sa.Engine:
     return engine
 
 
+def _rows(path: Path) -> list[tuple[float, ...]]:
+    """The handler's lines: (commit time, latency, enqueued time) per live event, or (rows, time)
+    per snapshot message."""
+    if not path.exists():
+        return []
+    return [tuple(float(x) for x in line.split()) for line in path.read_text().splitlines() if line]
+
+
 def _lines(path: Path) -> list[float]:
-    return [float(x) for x in path.read_text().split()] if path.exists() else []
+    """The latencies, in the order handled."""
+    return [row[1] for row in _rows(path)]
+
+
+def _figures(values: list[float]) -> str:
+    if not values:
+        return "p50=- p95=- p99=- max=- mean=- (no samples)"
+    return (
+        f"p50={_pct(values, 50):.3f} p95={_pct(values, 95):.3f} p99={_pct(values, 99):.3f} "
+        f"max={max(values):.3f} mean={statistics.fmean(values):.3f}"
+    )
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -155,29 +191,42 @@ slot = "{table}"
 publication = "{table}"
 queue = "{queue}"
 schedule = "*/1 * * * * *"
-batch_size = 500
+batch_size = {batch}
 lease_ttl_seconds = 60
 handler = "bench_handler:handle"
 {more}
 """
 
 
-def _pg_logical_source(app: AppDir, more: str) -> tuple[sa.Engine, Any]:
-    """A published table with its slot (wal_level = logical); returns the engine and a cleanup."""
+def _pg_logical_source(app: AppDir, more: str, batch: int = 500, snapshot_rows: int = 0) -> tuple[sa.Engine, Any]:
+    """A published table with its slot (wal_level = logical); returns the engine and (the table, a
+    cleanup, the snapshot table). With ``snapshot_rows``, a second table of that many rows, written
+    before the slot exists (rows only a snapshot delivers), is among the poller's tables, and the
+    poller has a signal table of its own."""
     from poller.pg_logical import setup_sql
     from shared.config import parse_config
     from tests.support.databases import PG_URL, unique_name
 
     table = unique_name("lglat")
+    snap = f"{table}_snap" if snapshot_rows else None
     queue = re.search(r'queue = "([^"]+)"', (app.root / "dbfanout.toml").read_text())
     assert queue is not None
-    text = PG_LOGICAL.format(name=app.app_name, table=table, queue=queue.group(1), more=more)
+    text = PG_LOGICAL.format(name=app.app_name, table=table, queue=queue.group(1), batch=batch, more=more)
+    if snap:
+        text = text.replace(f'tables = ["{table}"]', f'tables = ["{table}", "{snap}"]\nsignal_table = "{table}_signal"')
     (app.root / "dbfanout.toml").write_text(text)
     engine = sa.create_engine(PG_URL)
     with engine.begin() as conn:
         conn.exec_driver_sql(
             f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT, committed_at FLOAT)"
         )
+        if snap:  # bench_snapshot.py's table: id, a short text, a number
+            conn.exec_driver_sql(f"CREATE TABLE {snap} (id INTEGER PRIMARY KEY, v TEXT, n INTEGER)")
+            conn.exec_driver_sql(
+                f"INSERT INTO {snap} (id, v, n) SELECT g, 'customer-' || g, g"
+                f" FROM generate_series(1, {snapshot_rows}) g"
+            )
+            conn.exec_driver_sql(f"ANALYZE {snap}")
     import tomllib
 
     config = parse_config(tomllib.loads(text), {"ORDERS_DB_URL": PG_URL}).pollers["orders"]
@@ -194,20 +243,38 @@ def _pg_logical_source(app: AppDir, more: str) -> tuple[sa.Engine, Any]:
             conn.exec_driver_sql(f"SELECT pg_drop_replication_slot('{table}')")
             conn.exec_driver_sql(f"DROP PUBLICATION IF EXISTS {table}")
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+            if snap:
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {snap}")
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}_signal")
         engine.dispose()
 
-    return engine, (table, cleanup)
+    return engine, (table, cleanup, snap)
+
+
+def _poller_keys(args: argparse.Namespace) -> str:
+    """The poller's keys the latency options set (lines of dbfanout.toml)."""
+    more = f"linger_seconds = {args.linger}\npoll_interval_ms = {args.poll_ms}\n" if args.linger else ""
+    if args.max_batches:
+        more += f"max_batches_per_tick = {args.max_batches}\n"
+    return more
 
 
 def latency(args: argparse.Namespace, tmp: Path) -> None:
-    more = f"linger_seconds = {args.linger}\npoll_interval_ms = {args.poll_ms}\n" if args.linger else ""
+    if args.snapshot_rows and args.db != "pg_logical":
+        sys.exit("--snapshot-rows is for --db pg_logical")
+    more = _poller_keys(args)
     schema = None
     logical: Any = None
     if args.db == "pg_logical":
         from tests.support.databases import PG_URL
 
-        app, azurite, emulator_cm = _prepare(tmp, batch=500, source_url=PG_URL)
-        engine, logical = _pg_logical_source(app, more + ('wake = "notify"\n' if args.wake == "notify" else ""))
+        app, azurite, emulator_cm = _prepare(tmp, batch=args.batch, source_url=PG_URL)
+        engine, logical = _pg_logical_source(
+            app,
+            more + ('wake = "notify"\n' if args.wake == "notify" else ""),
+            batch=args.batch,
+            snapshot_rows=args.snapshot_rows,
+        )
     elif args.db == "postgresql":
         from tests.host.app_support import drop_pg_schema, pg_schema_url
         from tests.support.databases import PG_URL, unique_name
@@ -218,7 +285,9 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
         if args.wake == "notify":
             more += 'wake = "notify"\n'
     if logical is None:
-        app, azurite, emulator_cm = _prepare(tmp, batch=500, more=more, source_url=source_url if schema else None)
+        app, azurite, emulator_cm = _prepare(
+            tmp, batch=args.batch, more=more, source_url=source_url if schema else None
+        )
         engine = _create_pg_source(source_url) if schema else _create_source(app.root / "source.db")
     out = app.root / "latency.txt"
     os.environ["BENCH_OUT"] = str(out)
@@ -230,7 +299,12 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
         probe = PollerConfig(name="orders", source_url=source_url, cursor="version", pk=("id",), queue="q")
         create_notify_triggers(replace(probe, table="orders", wake="notify"))
     poll_ms = args.poll_ms if args.linger else "-"
-    print(f"db={args.db} linger={args.linger or 'off'} poll_interval_ms={poll_ms} wake={args.wake}")
+    print(
+        f"db={args.db} linger={args.linger or 'off'} poll_interval_ms={poll_ms} wake={args.wake} batch={args.batch}"
+        + (f" max_batches={args.max_batches}" if args.max_batches else "")
+        + (f" snapshot_rows={args.snapshot_rows}" if args.snapshot_rows else ""),
+        flush=True,
+    )
     host = HostProcess(app).start()
     stop = threading.Event()
     written = [0]
@@ -253,18 +327,20 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
     try:
         wait_for(host.started, 60, "the host to start")
         thread = threading.Thread(target=writer, daemon=True)
+        began = time.time()
         thread.start()
         time.sleep(args.seconds)
+        snapshot = _snapshot(app, logical[2], args) if args.snapshot_rows else None
         stop.set()
         thread.join()
         wait_for(lambda: len(_lines(out)) >= written[0], 120, "every row to be handled")
+        if snapshot is not None:
+            _print_snapshot_latency(_rows(out), began, args, *snapshot)
+            return
         values = _lines(out)
         steady = values[int(len(values) * args.warmup) :]
         print(f"rows={written[0]} rate={written[0] / args.seconds:.0f}/s handled={len(values)} measured={len(steady)}")
-        print(
-            f"latency s: p50={_pct(steady, 50):.3f} p95={_pct(steady, 95):.3f} p99={_pct(steady, 99):.3f} "
-            f"max={max(steady):.3f} mean={statistics.fmean(steady):.3f}"
-        )
+        print(f"latency s: {_figures(steady)}")
     finally:
         host.stop_quietly()
         emulator_cm.__exit__(None, None, None)  # type: ignore[attr-defined]
@@ -274,6 +350,65 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
             drop_pg_schema(PG_URL, schema)
         if logical:
             logical[1]()
+
+
+def _snapshot(app: AppDir, snap_table: str, args: argparse.Namespace) -> tuple[float, list[tuple[float, ...]]]:
+    """The measured snapshot: ``dbfanout snapshot orders --table T`` (as a user queues one), then
+    wait until the handler has seen every row of the table as a "read" event. Returns the
+    request's time and the handler's (rows, time) lines of snapshot messages."""
+    done = Path(os.environ["BENCH_OUT"] + ".snapshot")
+    env = {k: v for k, v in os.environ.items() if k not in app.settings}  # local.settings.json decides
+    requested = time.time()
+    cmd = [sys.executable, "-m", "dbfanout.cli", "snapshot", "orders", "--table", snap_table]
+    cmd += ["--config", str(app.root / "dbfanout.toml")]
+    queued = subprocess.run(cmd, cwd=app.root, env=env, capture_output=True, text=True, timeout=120)
+    if queued.returncode:
+        raise RuntimeError(f"dbfanout snapshot failed: {queued.stdout}{queued.stderr}")
+
+    def handled() -> bool:
+        return sum(int(row[0]) for row in _rows(done)) >= int(args.snapshot_rows)
+
+    wait_for(handled, args.snapshot_timeout, "every snapshot row to be handled")
+    return requested, _rows(done)
+
+
+def _print_snapshot_latency(
+    values: list[tuple[float, ...]],
+    began: float,
+    args: argparse.Namespace,
+    requested: float,
+    reads: list[tuple[float, ...]],
+) -> None:
+    """Idle: the live rows committed after the warm-up and before the snapshot's request. During:
+    those committed while snapshot rows reached the handler (its first to its last read event).
+    Each split at the message's enqueued time: commit -> enqueued (the poller, its send) and
+    enqueued -> handler (the worker, the messages ahead of it in the queue)."""
+    first, last = min(row[1] for row in reads), max(row[1] for row in reads)
+    rows = int(sum(row[0] for row in reads))
+    idle_from = began + args.seconds * args.warmup
+    idle = [row for row in values if idle_from <= row[0] < requested]
+    during = [row for row in values if first <= row[0] <= last]
+    duration = last - first
+    print(f"rows={len(values)} rate={args.rate}/s handled={len(values)} idle={len(idle)} during={len(during)}")
+    for label, phase in (("idle           ", idle), ("during snapshot", during)):
+        print(f"{label} latency s: {_figures([row[1] for row in phase])}")
+    if idle and during:
+        idle_l, during_l = [row[1] for row in idle], [row[1] for row in during]
+        ratios = " ".join(f"p{p}={_pct(during_l, p) / _pct(idle_l, p):.1f}x" for p in (50, 95, 99))
+        print(f"during / idle: {ratios}")
+    for label, phase in (("idle", idle), ("during", during)):
+        poller = [row[2] - row[0] for row in phase if len(row) > 2 and row[2] == row[2]]  # not NaN
+        worker = [row[0] + row[1] - row[2] for row in phase if len(row) > 2 and row[2] == row[2]]
+        if poller:
+            print(
+                f"  {label}: commit -> enqueued p50={_pct(poller, 50):.3f} p95={_pct(poller, 95):.3f}, "
+                f"enqueued -> handler p50={_pct(worker, 50):.3f} p95={_pct(worker, 95):.3f}"
+            )
+    print(
+        f"snapshot: {rows:,} rows in {duration:.1f} s = {rows / duration if duration > 0 else 0:,.0f} rows/s "
+        f"(first to last read event handled); {rows / (last - requested):,.0f} rows/s from the request "
+        f"(dbfanout snapshot, {first - requested:.1f} s to the first row)"
+    )
 
 
 def _rss_mb(pid: int) -> float:
@@ -522,6 +657,16 @@ def main() -> None:
         "--db", choices=("sqlite", "postgresql", "pg_logical"), default="sqlite", help="postgresql: xid_column"
     )
     lat.add_argument("--wake", choices=("poll", "notify"), default="poll", help="notify: PostgreSQL, with --linger")
+    lat.add_argument("--batch", type=int, default=500, help="the poller's batch_size")
+    lat.add_argument("--max-batches", type=int, default=0, help="max_batches_per_tick (0: the poller's default)")
+    lat.add_argument(
+        "--snapshot-rows",
+        type=int,
+        default=0,
+        help="pg_logical: after --seconds idle, snapshot a second table of this many rows (dbfanout snapshot) "
+        "and measure the live rows' latency while it runs",
+    )
+    lat.add_argument("--snapshot-timeout", type=float, default=1800.0)
     cat = sub.add_parser("catchup")
     cat.add_argument("--rows", type=int, default=200_000, help="1000000 for the headline")
     cat.add_argument("--batch", type=int, default=1000, help="the poller's batch_size")

@@ -60,6 +60,9 @@ LINGER_MARGIN = 0.1
 LAG_ROWS_LIMIT = 10_000
 #: An idle linger polls at most this many times less often than ``poll_interval_ms``.
 IDLE_BACKOFF = 4
+#: The drains a linger follows: caught up, or stopped at ``max_batches_per_tick`` with more to
+#: read (a backlog, a snapshot's chunks); not the time budget (the lease's safety margin).
+LINGERS_AFTER: tuple[StopReason, ...] = ("caught_up", "max_batches")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +107,8 @@ def run_tick(
     and its snapshot are kept for the next tick instead of being released: a tick that finds
     nothing costs no storage request. Without it the tick acquires and releases its own lease.
 
-    With ``linger_seconds`` set, a tick that caught up keeps polling (:meth:`Tick.linger`) until
+    With ``linger_seconds`` set, a tick that caught up (or sent its ``max_batches_per_tick`` pages
+    with more to read) keeps polling (:meth:`Tick.linger`) until
     ``linger_seconds`` after its start or :data:`LINGER_MARGIN` before ``next_occurrence`` (the
     timer's next firing, when known), whichever comes first; ``stop`` cuts it short (shutdown).
     With ``waker`` (``wake = "notify"``) the linger waits for a commit's notification instead of
@@ -122,8 +126,8 @@ def run_tick(
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
-            result = tick.drain(keeper)
-            if linger_until is not None and result.stop_reason == "caught_up":
+            result = tick.drain(keeper, linger_until)
+            if linger_until is not None and result.stop_reason in LINGERS_AFTER:
                 result = tick.linger(keeper, result, linger_until)
         tick.acknowledge(keeper.checkpoint)
         if recording():  # a count query only when the metric is exported, and only when behind
@@ -194,10 +198,14 @@ class Tick:
             log.debug("lease held elsewhere; skipping tick", extra=ids(poller=self.name))
         return keeper
 
-    def drain(self, keeper: LeaseKeeper) -> TickResult:
-        """Fetch, send and commit pages until caught up, out of pages or out of time."""
+    def drain(self, keeper: LeaseKeeper, until: float | None = None) -> TickResult:
+        """Fetch, send and commit pages until caught up, out of pages or out of time (the time
+        budget, or ``until``: a lingering tick's end, so a long drain does not run into the timer's
+        next occurrence, which the host would skip)."""
         poller = self.poller
         deadline = self.monotonic() + poller.time_budget_seconds
+        if until is not None:
+            deadline = min(deadline, until)
         nulls = 0
         reason: StopReason = "max_batches"
         position = keeper.checkpoint.position  # where the next page starts: after the last *accepted* one
@@ -248,23 +256,30 @@ class Tick:
         return self.monotonic() + budget if budget > 0 else None
 
     def linger(self, keeper: LeaseKeeper, caught_up: TickResult, until: float) -> TickResult:
-        """After catching up: poll again until ``until``, sending what appears (opt-in linger).
+        """After a drain (caught up, or at ``max_batches_per_tick``): poll again until ``until``,
+        sending what appears (opt-in linger).
 
         Polls every ``poll_interval_ms``, doubling the wait after each empty poll up to
-        :data:`IDLE_BACKOFF` times it, and back to it as soon as a poll finds rows. Each poll is a
-        :meth:`drain` under the same lease (commits as usual; the background renewer keeps the
-        lease alive). Ends early on ``stop`` or a lost lease (raised, like a drain's).
+        :data:`IDLE_BACKOFF` times it, and back to it as soon as a poll finds rows. After a drain
+        that stopped at ``max_batches_per_tick`` (more rows are known to be there: a backlog, a
+        snapshot's chunks) the next one starts at once, without waiting for the interval or a
+        notification: a live change committed meanwhile waits for a page, not for the next timer.
+        Each poll is a :meth:`drain` under the same lease (commits as usual; the background renewer
+        keeps the lease alive). Ends early on ``stop`` or a lost lease (raised, like a drain's).
         """
         base = self.poller.poll_interval_ms / 1000
         interval, rows, batches, nulls = base, caught_up.rows, caught_up.batches, caught_up.skipped_null_cursors
         reason: StopReason = caught_up.stop_reason
         while (remaining := until - self.monotonic()) > 0:
-            if not self._wait(min(interval, remaining), remaining):
+            if reason == "max_batches":
+                if self.stop.is_set():
+                    break
+            elif not self._wait(min(interval, remaining), remaining):
                 if self.stop.is_set():
                     break
                 continue  # notify: nothing committed, so no query
             keeper.check()  # the renewer saw the lease go: stop before fetching for someone else
-            result = self.drain(keeper)
+            result = self.drain(keeper, until)
             rows, batches = rows + result.rows, batches + result.batches
             nulls, reason = max(nulls, result.skipped_null_cursors), result.stop_reason
             interval = base if result.rows else min(interval * 2, base * IDLE_BACKOFF)

@@ -135,6 +135,37 @@ def test_a_linger_ends_before_the_next_timer_occurrence(table: SourceTable) -> N
     assert ended_at > next_occurrence - dt.timedelta(seconds=LINGER_MARGIN + 0.3)  # and used the time it had
 
 
+def test_a_linger_follows_a_drain_cut_at_max_batches_per_tick_and_drains_the_rest_at_once(table: SourceTable) -> None:
+    # Given 100 rows and a lingering poller that sends at most 2 pages of 10 per drain, polling every second
+    table.upsert(range(100))
+    poller = _poller(table, max_batches_per_tick=2, linger_seconds=1.0, poll_interval_ms=1000)
+    sent_at: list[float] = []
+    source, store = SqlSource(poller), MemoryStateStore(poller.name)
+    sink = RecordingSink(before_accept=lambda batch: sent_at.append(time.monotonic()))
+    # When one tick runs
+    result = run_tick(poller, source, store, sink, owner_id="A")
+    # Then it does not stop at its first 20 rows and leave the rest to the next timer: it lingers
+    assert result.rows == 100 and len(sink.delivered()) == 100
+    # And a drain cut at max_batches_per_tick is followed at once, not after a poll interval
+    # (a snapshot's chunks or a backlog would otherwise hold a live change up for a second each)
+    assert len(sent_at) == 10
+    assert sent_at[-1] - sent_at[0] < 0.9, [round(b - a, 3) for a, b in itertools.pairwise(sent_at)]
+
+
+def test_a_drain_of_a_lingering_tick_stops_at_the_linger_s_end_not_at_the_next_timer(table: SourceTable) -> None:
+    # Given a backlog of 100 pages, a send that takes 10 ms a page, and the timer's next occurrence 0.6 s away
+    table.upsert(range(1000))
+    poller = _poller(table, max_batches_per_tick=1000, linger_seconds=30.0)
+    source, store = SqlSource(poller), MemoryStateStore(poller.name)
+    sink = RecordingSink(before_accept=lambda batch: time.sleep(0.01))  # a slow transport, not a wait
+    next_occurrence = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.6)
+    # When a lingering tick runs
+    result = run_tick(poller, source, store, sink, owner_id="A", next_occurrence=next_occurrence)
+    # Then it stops before the occurrence (the host would skip a firing it overlaps), the rest left for the next tick
+    assert dt.datetime.now(dt.UTC) < next_occurrence
+    assert 0 < result.rows < 1000 and result.stop_reason == "time_budget"
+
+
 def test_an_idle_linger_backs_off_and_snaps_back_when_rows_appear(table: SourceTable, queries: list[float]) -> None:
     # Given a lingering poller (50 ms interval, backing off to 200 ms) with nothing to send
     poller = _poller(table, linger_seconds=2.5)
