@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from dbfanout.demo.appdir import DemoApp
 from dbfanout.demo.services import ChildProcess
@@ -25,16 +26,18 @@ def replay_command(app: DemoApp, entity: str | None = None) -> list[str]:
             "--config", str(app.config_file)]  # fmt: skip
 
 
-class ReplayRun:
-    """One replay run in a child process."""
+class _CommandRun:
+    """A CLI command in a child process, its stdout (``--json``) and log in the app folder; polled."""
 
-    def __init__(self, app: DemoApp, env: Mapping[str, str], entity: str | None = None, timeout: float = 120.0) -> None:
-        self._out = app.root / "replay.json"
-        self._log = app.root / "replay.log"
+    #: What ``error`` says when the command ran past its time limit and was stopped.
+    overdue = "the command did not finish in time"
+
+    def __init__(self, app: DemoApp, env: Mapping[str, str], command: list[str], name: str, timeout: float) -> None:
+        self._out = app.root / f"{name}.json"
+        self._log = app.root / f"{name}.log"
         self._deadline = time.monotonic() + timeout
-        self._child = ChildProcess(replay_command(app, entity), cwd=app.root, env=env, log=self._log, stdout=self._out)
+        self._child = ChildProcess(command, cwd=app.root, env=env, log=self._log, stdout=self._out)
         self.exit_code: int | None = None
-        self.replayed = 0
         self.error: str | None = None
 
     def poll(self) -> bool:
@@ -46,24 +49,43 @@ class ReplayRun:
             return False
         if code is None:
             self._child.stop(grace=5)
-            self.exit_code, self.error = -1, "the replay did not finish in time"
+            self.exit_code, self.error = -1, self.overdue
             return True
         self.exit_code = code
-        self._read_report()
+        self._read_report(self._report())
         return True
 
-    def _read_report(self) -> None:
+    def stop(self) -> None:
+        self._child.stop(grace=5)
+
+    def _report(self) -> dict[str, Any]:
         try:
             report = json.loads(self._out.read_text() or "{}")
         except (OSError, ValueError):
             report = {}
+        return report if isinstance(report, dict) else {}
+
+    def _read_report(self, report: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _failed(self, said: str | None = None) -> None:
+        tail = self._log.read_text(errors="replace").strip().splitlines()[-3:] if self._log.exists() else []
+        self.error = said or " / ".join(tail) or f"exit code {self.exit_code}"
+
+
+class ReplayRun(_CommandRun):
+    """One replay run in a child process."""
+
+    overdue = "the replay did not finish in time"
+
+    def __init__(self, app: DemoApp, env: Mapping[str, str], entity: str | None = None, timeout: float = 120.0) -> None:
+        super().__init__(app, env, replay_command(app, entity), "replay", timeout)
+        self.replayed = 0
+
+    def _read_report(self, report: dict[str, Any]) -> None:
         self.replayed = int(report.get("replayed", 0))
         if self.exit_code != 0:
-            tail = self._log.read_text(errors="replace").strip().splitlines()[-3:] if self._log.exists() else []
-            self.error = report.get("error") or " / ".join(tail) or f"exit code {self.exit_code}"
-
-    def stop(self) -> None:
-        self._child.stop(grace=5)
+            self._failed(report.get("error"))
 
 
 def snapshot_command(app: DemoApp, poller: str, chunk_size: int) -> list[str]:
@@ -72,42 +94,19 @@ def snapshot_command(app: DemoApp, poller: str, chunk_size: int) -> list[str]:
             "--config", str(app.config_file)]  # fmt: skip
 
 
-class SnapshotRun:
+class SnapshotRun(_CommandRun):
     """``dbfanout snapshot`` in a child process: it only queues the request (the poller reads it)."""
+
+    overdue = "dbfanout snapshot did not finish in time"
 
     def __init__(
         self, app: DemoApp, env: Mapping[str, str], poller: str, chunk_size: int, timeout: float = 60.0
     ) -> None:
-        self._out = app.root / "snapshot.json"
-        self._log = app.root / "snapshot.log"
-        self._deadline = time.monotonic() + timeout
-        self._child = ChildProcess(
-            snapshot_command(app, poller, chunk_size), cwd=app.root, env=env, log=self._log, stdout=self._out
-        )
-        self.exit_code: int | None = None
         self.request: str | None = None  # the request's id: the snapshot's id in the state blob
-        self.error: str | None = None
+        super().__init__(app, env, snapshot_command(app, poller, chunk_size), "snapshot", timeout)
 
-    def poll(self) -> bool:
-        """Whether the command has finished (one over its time limit is stopped and fails)."""
-        if self.exit_code is not None:
-            return True
-        code = self._child.proc.poll()
-        if code is None and time.monotonic() < self._deadline:
-            return False
-        if code is None:
-            self._child.stop(grace=5)
-            self.exit_code, self.error = -1, "dbfanout snapshot did not finish in time"
-            return True
-        self.exit_code = code
-        try:
-            self.request = json.loads(self._out.read_text() or "{}").get("request")
-        except (OSError, ValueError):
-            self.request = None
-        if code != 0 or self.request is None:
-            tail = self._log.read_text(errors="replace").strip().splitlines()[-3:] if self._log.exists() else []
-            self.error = " / ".join(tail) or f"exit code {code}"
-        return True
-
-    def stop(self) -> None:
-        self._child.stop(grace=5)
+    def _read_report(self, report: dict[str, Any]) -> None:
+        request = report.get("request")
+        self.request = str(request) if request is not None else None
+        if self.exit_code != 0 or self.request is None:
+            self._failed()
