@@ -287,6 +287,7 @@ class Worker:
         now = time.time()
         source_kind = _COMMIT_KIND.get(cfg.kind, "source")
         cursor_is_commit_time = cfg.cursor_is_commit_time
+        zone = _zone(cfg.cursor_timezone) if cursor_is_commit_time else dt.UTC  # once, not per event
         commits: dict[tuple[dt.datetime, str], None] = {}  # distinct (commit time, where it came from)
         unknown = False  # an event whose commit time the source does not know
         for event in batch.events:
@@ -294,7 +295,7 @@ class Worker:
                 commits[event.committed_at, source_kind] = None
             elif cursor_is_commit_time and isinstance(event.cursor, dt.datetime):
                 cursor = event.cursor
-                commits[cursor if cursor.tzinfo else cursor.replace(tzinfo=_zone(cfg.cursor_timezone)), "cursor"] = None
+                commits[cursor if cursor.tzinfo else cursor.replace(tzinfo=zone), "cursor"] = None
             else:
                 unknown = True
         if unknown:  # the poller's read (or the broker's enqueue): one time for the whole message
@@ -302,7 +303,7 @@ class Worker:
             if when is not None:
                 commits[when, "read" if batch.read_at is not None else "enqueued"] = None
         record = metrics.commit_to_handler.record
-        for (when, kind), _ in commits.items():
+        for when, kind in commits:
             record(max(0.0, now - when.timestamp()), {**attrs, "commit_time": kind})
 
     def _record_failure(self, batch: Batch, delivery: Delivery, subscription: str | None, error: Exception) -> None:
