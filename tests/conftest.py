@@ -42,6 +42,17 @@ def pg_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def pg_logical_url(pg_url: str) -> str:
+    """A PostgreSQL URL whose server has wal_level = logical (for kind = "pg_logical" tests)."""
+    from tests.poller.pg_logical_support import logical_reason
+
+    reason = logical_reason(pg_url)
+    if reason:
+        pytest.skip(reason)
+    return pg_url
+
+
+@pytest.fixture(scope="session")
 def mysql_url() -> str:
     reason = unreachable_reason(MYSQL_URL)
     if reason:
