@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
+import uuid
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +13,12 @@ from hypothesis import settings
 
 from tests.support.azurite import Azurite, start_azurite
 from tests.support.databases import MYSQL_URL, PG_URL, unreachable_reason
+from tests.support.private_postgres import (
+    LOGICAL_SETTINGS,
+    PostgresBinariesMissing,
+    shared_private_postgres,
+    stop_recorded,
+)
 
 FULL = os.environ.get("DBFANOUT_FULL_TESTS") == "1"
 
@@ -39,17 +48,6 @@ def pg_url() -> str:
     if reason:
         pytest.skip(reason)
     return PG_URL
-
-
-@pytest.fixture(scope="session")
-def pg_logical_url(pg_url: str) -> str:
-    """A PostgreSQL URL whose server has wal_level = logical (for kind = "pg_logical" tests)."""
-    from tests.poller.pg_logical_support import logical_reason
-
-    reason = logical_reason(pg_url)
-    if reason:
-        pytest.skip(reason)
-    return pg_url
 
 
 @pytest.fixture(scope="session")
@@ -99,3 +97,88 @@ def servicebus() -> Iterator[object]:
 
     with running_emulator(EmulatorConfig()) as emulator:
         yield emulator
+
+
+# ----------------------------------------------------------------------------------------------
+# Private servers: when the server at a test URL cannot do what a test needs (PostgreSQL without
+# wal_level = logical), the session starts its own from the installed binaries. One per session:
+# the first test that needs it starts it and records it in the session's folder, which the
+# controller hands to the xdist workers; the controller stops what is recorded at the end.
+
+SESSION_DIR = pytest.StashKey[Path]()
+SESSION_OWNER = pytest.StashKey[int]()
+
+
+class _HandSessionToWorkers:
+    """xdist hook: each worker shares the controller's session folder and owner pid."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_configure_node(self, node: object) -> None:
+        workerinput = node.workerinput  # type: ignore[attr-defined]
+        workerinput["dbfanout_session_dir"] = str(self.config.stash[SESSION_DIR])
+        workerinput["dbfanout_session_owner"] = self.config.stash[SESSION_OWNER]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        config.stash[SESSION_DIR] = Path(workerinput["dbfanout_session_dir"])
+        config.stash[SESSION_OWNER] = int(workerinput["dbfanout_session_owner"])
+        return
+    config.stash[SESSION_DIR] = Path(tempfile.gettempdir()) / f"dbfanout-session-{uuid.uuid4().hex[:12]}"
+    config.stash[SESSION_OWNER] = os.getpid()
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_HandSessionToWorkers(config), "dbfanout-session-to-workers")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if getattr(config, "workerinput", None) is None and SESSION_DIR in config.stash:
+        stop_recorded(config.stash[SESSION_DIR])
+
+
+@pytest.fixture(scope="session")
+def pg_logical_url(request: pytest.FixtureRequest) -> str:
+    """A PostgreSQL URL whose server has wal_level = logical (for kind = "pg_logical" tests): the
+    test server's when it can, else a private instance this session starts (skip: no binaries)."""
+    from tests.poller.pg_logical_support import logical_reason
+
+    reason = unreachable_reason(PG_URL) or logical_reason(PG_URL)
+    if reason is None:
+        return PG_URL
+    config = request.config
+    try:
+        return shared_private_postgres(
+            config.stash[SESSION_DIR], "logical", LOGICAL_SETTINGS, config.stash[SESSION_OWNER]
+        )
+    except PostgresBinariesMissing as exc:
+        pytest.skip(f"{reason}, and no private instance can start: {exc}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The skip summary: one line per skip reason before pytest's closing line (CI reads that line,
+# so it stays last). Under xdist the controller receives every worker's reports.
+
+
+def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    reason = str(longrepr[2]) if isinstance(longrepr, tuple | list) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if r.skipped]
+    if not skipped:
+        return
+    files: dict[str, set[str]] = defaultdict(set)
+    counts: dict[str, int] = defaultdict(int)
+    for report in skipped:
+        reason = skip_reason(report)
+        counts[reason] += 1
+        files[reason].add(report.nodeid.split("::")[0])
+    terminalreporter.section(f"{len(skipped)} skipped, by reason", sep="-")
+    for reason, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        where = sorted(files[reason])
+        shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more files" if len(where) > 3 else "")
+        terminalreporter.line(f"{count:>4}  {reason}  [{shown}]")

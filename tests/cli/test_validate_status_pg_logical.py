@@ -15,9 +15,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def unset_up(pg_url: str) -> Iterator[LogicalTable]:
+def unset_up(pg_logical_url: str) -> Iterator[LogicalTable]:
     """A table with neither publication nor slot (validate --fix creates both; dropped afterwards)."""
-    with logical_table(pg_url, slot=False) as table:
+    with logical_table(pg_logical_url, slot=False) as table:
         yield table
 
 

@@ -18,7 +18,6 @@ import pytest
 import sqlalchemy as sa
 
 from dbfanout.demo.services import azurite_binary
-from tests.poller.pg_logical_support import logical_reason
 
 pytestmark = [
     pytest.mark.integration,
@@ -105,14 +104,11 @@ def test_demo_with_the_outbox_source_replicates_hard_deletes_exactly() -> None:
 
 
 def test_demo_with_the_pg_logical_source_replicates_hard_deletes_exactly_and_a_snapshot_beside_them(
-    pg_url: str,
+    pg_logical_url: str,
 ) -> None:
-    # Given the replication-slot variant on the local PostgreSQL (wal_level = logical)
-    reason = logical_reason(pg_url)
-    if reason:
-        pytest.skip(reason)
+    # Given the replication-slot variant on a PostgreSQL with wal_level = logical
     env = {k: v for k, v in os.environ.items() if not k.startswith("DBFANOUT_")}
-    args = ["demo", "--duration", "15", "--json", "--source", "pg-logical", "--pg-url", pg_url]
+    args = ["demo", "--duration", "15", "--json", "--source", "pg-logical", "--pg-url", pg_logical_url]
     proc = subprocess.run(
         [sys.executable, "-m", "dbfanout.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
     )
@@ -130,7 +126,7 @@ def test_demo_with_the_pg_logical_source_replicates_hard_deletes_exactly_and_a_s
     snapshot = summary["snapshot"]
     assert snapshot["status"] == "done" and snapshot["rows"] > 0 and snapshot["chunks"] >= 2, snapshot
     assert "operator runs: dbfanout snapshot orders" in proc.stderr and "snapshot done:" in proc.stderr
-    engine = sa.create_engine(pg_url)
+    engine = sa.create_engine(pg_logical_url)
     with engine.connect() as conn:
         left = conn.execute(sa.text("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'dbfanout_demo_%'")).scalar()
     engine.dispose()

@@ -58,9 +58,9 @@ class ChunkWriter(threading.Thread):
 
 
 def test_a_snapshot_under_dbfanout_run_with_writes_on_its_chunk_and_two_kills_rebuilds_the_source(
-    tmp_path: Path, azurite: Azurite, servicebus: Emulator, pg_url: str
+    tmp_path: Path, azurite: Azurite, servicebus: Emulator, pg_logical_url: str
 ) -> None:
-    with logical_table(pg_url, slot=False) as table:
+    with logical_table(pg_logical_url, slot=False) as table:
         # Given rows that predate the slot, and an app whose pg_logical poller snapshots them first
         with table.engine.begin() as conn:
             fill = f"INSERT INTO {table.name} (id, v, n) SELECT g, 'old', 0 FROM generate_series(0, :n) g"

@@ -28,7 +28,7 @@ def logical_reason(url: str) -> str | None:
     finally:
         engine.dispose()
     if level != "logical":
-        return f"PostgreSQL has wal_level = {level}, not logical (.ci/run sets it and restarts the cluster)"
+        return f"the PostgreSQL at the test URL has wal_level = {level}, not logical"
     return None
 
 

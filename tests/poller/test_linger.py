@@ -248,8 +248,8 @@ def _outbox(pg_url: str) -> Kind:
 
 @pytest.fixture(params=["keyset-xid", "outbox", "pg_logical"])
 def kind(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Kind]:
-    if request.param == "pg_logical":
-        with logical_table(pg_url) as table:
+    if request.param == "pg_logical":  # the logical server only for this kind (a private one may start)
+        with logical_table(request.getfixturevalue("pg_logical_url")) as table:
             poller = replace(table.config, linger_seconds=5.0, poll_interval_ms=50)
             yield Kind(poller, lambda i: table.insert([i]), lambda: None)
         return

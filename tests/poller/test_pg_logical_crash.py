@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def logical(pg_url: str) -> Iterator[LogicalTable]:
-    with logical_table(pg_url) as table:
+def logical(pg_logical_url: str) -> Iterator[LogicalTable]:
+    with logical_table(pg_logical_url) as table:
         yield table
 
 

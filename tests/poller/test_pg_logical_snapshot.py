@@ -33,8 +33,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def logical(pg_url: str) -> Iterator[LogicalTable]:
-    with logical_table(pg_url) as table:
+def logical(pg_logical_url: str) -> Iterator[LogicalTable]:
+    with logical_table(pg_logical_url) as table:
         yield table
 
 
