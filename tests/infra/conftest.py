@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -48,12 +49,26 @@ def infra_copy(tmp_path: Path) -> Path:
     return dest
 
 
+GATE_MODULES = ("checkov", "tree_sitter", "tree_sitter_bicep")
+
+
+def gate_tools_missing() -> str | None:
+    """Why the gate cannot run here (None: .venv-infra has its tools). `make test` installs them
+    (scripts/bootstrap.sh --infra-gate); a venv left half-installed by a failed pip counts as missing."""
+    if not INFRA_PYTHON.exists():
+        return "no .venv-infra"
+    probe = "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in sys.argv[1:]) else 1)"
+    found = subprocess.run([str(INFRA_PYTHON), "-c", probe, *GATE_MODULES], capture_output=True, check=False)
+    return None if found.returncode == 0 else f".venv-infra lacks one of {', '.join(GATE_MODULES)}"
+
+
 @pytest.fixture(scope="session")
 def infra_python() -> Path:
-    if not INFRA_PYTHON.exists():
+    missing = gate_tools_missing()
+    if missing:
         pytest.skip(
-            "the offline Bicep gate's tools are not installed: python -m venv .venv-infra && "
-            ".venv-infra/bin/pip install -r infra/requirements-validate.txt"
+            f"the offline Bicep gate's tools are not installed ({missing}): `make test` installs them, "
+            "or bash scripts/bootstrap.sh --infra-gate"
         )
     return INFRA_PYTHON
 

@@ -1,7 +1,8 @@
 """The offline Bicep gate (infra/validate.py) passes on the repository and fails on broken copies.
 
-Runs the gate's own tools from .venv-infra (tree-sitter-bicep, checkov); skipped with the install
-command when that venv is absent. checkov is slow to start, so every broken copy is checked in
+Runs the gate's own tools from .venv-infra (tree-sitter-bicep, checkov), which `make test`
+installs (scripts/bootstrap.sh --infra-gate); skipped with that command when they are absent.
+checkov is slow to start, so every broken copy is checked in
 one gate run, and each test reads its copy's problems from the JSON report.
 """
 
