@@ -92,3 +92,25 @@ def test_a_session_shares_one_instance_between_its_workers_and_stops_it_at_the_e
     (url,) = urls
     assert url != env["DBFANOUT_TEST_PG_URL"]
     assert not port_open(sa.make_url(url).port or 0)
+
+
+def test_without_binaries_a_logical_test_skips_with_both_reasons_in_the_summary(tmp_path: Path) -> None:
+    # Given a test URL where no server answers and no PostgreSQL binaries where the session looks
+    (tmp_path / "test_logical.py").write_text("def test_url(pg_logical_url):\n    pass\n")
+    empty = tmp_path / "no-binaries"
+    empty.mkdir()
+    env = {
+        **os.environ,
+        "DBFANOUT_TEST_PG_URL": f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test",
+        "DBFANOUT_TEST_PG_BINDIR": str(empty),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q",
+         "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    # Then the test skips (the run passes), and the skip summary says why: no server, no binaries
+    assert done.returncode == 0, done.stdout[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.strip().startswith("1  ")]
+    assert "not reachable" in line and "initdb and pg_ctl are not in DBFANOUT_TEST_PG_BINDIR" in line
+    assert "1 skipped" in done.stdout.splitlines()[-1]

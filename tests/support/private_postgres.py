@@ -59,11 +59,14 @@ class PostgresBinariesMissing(RuntimeError):
 
 
 def find_bindir() -> Path:
-    """The folder with ``initdb`` and ``pg_ctl``: $DBFANOUT_TEST_PG_BINDIR, ``pg_config --bindir``,
-    the newest /usr/lib/postgresql/*/bin, or the PATH."""
+    """The folder with ``initdb`` and ``pg_ctl``: $DBFANOUT_TEST_PG_BINDIR when set (only it), else
+    ``pg_config --bindir``, the newest /usr/lib/postgresql/*/bin, or the PATH's."""
+    chosen = os.environ.get("DBFANOUT_TEST_PG_BINDIR")
+    if chosen:
+        if (Path(chosen) / "initdb").is_file() and (Path(chosen) / "pg_ctl").is_file():
+            return Path(chosen)
+        raise PostgresBinariesMissing(f"PostgreSQL's initdb and pg_ctl are not in DBFANOUT_TEST_PG_BINDIR={chosen}")
     candidates: list[Path] = []
-    if os.environ.get("DBFANOUT_TEST_PG_BINDIR"):
-        candidates.append(Path(os.environ["DBFANOUT_TEST_PG_BINDIR"]))
     pg_config = shutil.which("pg_config")
     if pg_config:
         out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
@@ -78,8 +81,8 @@ def find_bindir() -> Path:
         if (folder / "initdb").is_file() and (folder / "pg_ctl").is_file():
             return folder
     raise PostgresBinariesMissing(
-        "PostgreSQL's initdb and pg_ctl are not installed (looked in $DBFANOUT_TEST_PG_BINDIR, "
-        "pg_config --bindir, /usr/lib/postgresql/*/bin and the PATH)"
+        "PostgreSQL's initdb and pg_ctl are not installed (looked in pg_config --bindir, "
+        "/usr/lib/postgresql/*/bin and the PATH; or set DBFANOUT_TEST_PG_BINDIR)"
     )
 
 
