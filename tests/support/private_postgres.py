@@ -184,7 +184,9 @@ def start_private_postgres(settings: dict[str, str], *, owner_pid: int | None = 
     """
     bindir = find_bindir()
     run_as = _RunAs.for_current_user()
-    root = Path(tempfile.mkdtemp(prefix="dbfanout-pg-"))
+    # Run as postgres, the folder must be reachable by them: /tmp, not a root-only $TMPDIR.
+    parent = "/tmp" if run_as.uid is not None and os.path.isdir("/tmp") else None
+    root = Path(tempfile.mkdtemp(prefix="dbfanout-pg-", dir=parent))
     try:
         run_as.own(root)
         init = run_as.run(
@@ -309,6 +311,7 @@ def shared_private_postgres(session_dir: Path, key: str, settings: dict[str, str
             known = PrivatePostgres.from_record(records[key])
             if known.alive():
                 return known.url
+            known.stop()  # whatever is left of it
         instance = start_private_postgres(settings, owner_pid=owner_pid)
         records[key] = instance.record()
         state.write_text(json.dumps(records), encoding="utf-8")
