@@ -60,7 +60,7 @@ from shared.errors import ConfigError, SourceError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Lsn, Position, SnapshotState
-from shared.settings import redact_url
+from shared.settings import fingerprint_url, redact_url
 from shared.telemetry import metrics
 
 __all__ = ["PgLogicalSource", "setup_sql"]
@@ -188,7 +188,7 @@ class PgLogicalSource:
         self._url = redact_url(config.source_url)
         self._fingerprint = source_fingerprint(
             {
-                "url": self._url,
+                "url": fingerprint_url(config.source_url),
                 "kind": "pg_logical",
                 "tables": list(config.tables),
                 "slot": self._slot,
