@@ -30,7 +30,7 @@ from poller.pg_slot import lost_error, read_slot
 from poller.sources import open_source
 from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
-from shared.errors import DbFanoutError, SourceError
+from shared.errors import DbFanoutError, PositionLostError, SourceError
 from shared.models import Position, SnapshotState
 from shared.settings import redact_url
 
@@ -49,6 +49,8 @@ PEEK_COUNT_LIMIT = 1000
 
 
 def _error(exc: Exception) -> str:
+    if isinstance(exc, PositionLostError):
+        return str(exc)  # what was lost, and (its hint) the one command that recovers
     return str(exc.args[0]) if isinstance(exc, DbFanoutError) and exc.args else f"{type(exc).__name__}: {exc}"
 
 
