@@ -224,9 +224,9 @@ class PgLogicalSource:
             with self._connection("fetch") as conn:
                 return self._fetch(conn, after, limit)
         except SourceError as exc:
-            if isinstance(exc, PositionLostError):
-                raise
-            # A read that fails may have lost its slot meanwhile: say so (or recover), not the driver's text.
+            if isinstance(exc, PositionLostError) or _sqlstate(exc) is None:
+                raise  # lost already said, or the server did not answer (nothing to ask it then)
+            # The server refused the read: its slot may be lost meanwhile. Say so (or recover).
             recovery = self._recheck(after)
             if recovery is not None:
                 return recovery
@@ -319,6 +319,7 @@ class PgLogicalSource:
         """
         recovery = self._guard.check(conn, after)  # the slot lost: an error, or (opt-in) a resnapshot
         if recovery is not None:
+            conn.rollback()
             return recovery
         key = _key(after)
         begun = self._state_at(after)
@@ -745,6 +746,12 @@ def _key(position: Position | None) -> tuple[int, int] | None:
             hint="this checkpoint was written by another source kind: `dbfanout checkpoint reset` the poller",
         )
     return (int(position.cursor), seq)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of the server's answer behind ``error`` (None: no answer, e.g. a lost connection)."""
+    cause = error.__cause__
+    return getattr(getattr(cause, "orig", cause), "sqlstate", None)
 
 
 def _commit_time(c: Change) -> dt.datetime:

@@ -122,6 +122,20 @@ def test_a_lost_slot_fails_naming_the_slot_what_was_lost_and_the_one_command(log
         _slot_source(PgLogicalSource(config), config, before)
 
 
+def test_a_slot_lost_after_its_check_is_named_by_the_read_that_fails(logical: LogicalTable) -> None:
+    # Given a source that checked its slot (at its first fetch) and read it
+    config = _config(logical)
+    source = PgLogicalSource(config)
+    logical.insert(range(3))
+    page = source.fetch(None, 10)
+    assert len(page) == 3
+    # When the slot is lost before the next read (no new check: the peek itself fails)
+    lose_slot(logical.engine, config.slot or "")
+    # Then the failed read is reported as the lost position, not as the driver's text
+    with pytest.raises(PositionLostError, match="wal_status = lost"):
+        source.fetch(page.end, 10)
+
+
 def test_the_timer_logs_a_lost_slot_once_without_a_traceback(
     logical: LogicalTable, caplog: pytest.LogCaptureFixture
 ) -> None:
