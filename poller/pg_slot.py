@@ -144,7 +144,7 @@ def lost_error(config: PollerConfig, health: SlotHealth, after: Position | None,
             hint=fix,
         )
     return PositionLostError(
-        f"poller {p}: the checkpoint {checkpoint} is ahead of the log of {url} (it ends at {health.log_end}): a "
+        f"poller {p}: the checkpoint {checkpoint} is ahead of the end of the log of {url}: a "
         "restored or failed-over server; every change up to the checkpoint's position would be skipped",
         hint=f"`dbfanout checkpoint reset {p} --to-beginning --accept-fingerprint --yes`, then `dbfanout snapshot "
         f'{p}`; or set on_lost_position = "resnapshot" to recover unattended; see {RUNBOOK}',
