@@ -105,8 +105,7 @@ def start_private_postgres(settings: dict[str, str]) -> PrivatePostgres:
                 f.write(f"{key} = '{value}'\n")
         _run([str(bin_dir / "pg_ctl"), "start", "-D", str(data), "-l", str(Path(root) / "server.log"), "-w",
               "-t", str(_START_TIMEOUT)], run_as)  # fmt: skip
-        _run([str(bin_dir.parent / "bin" / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "test"]
-             if (bin_dir / "createdb").is_file() else _createdb_fallback(port), run_as)  # fmt: skip
+        _create_database(port)
     except BaseException:
         subprocess.run([str(bin_dir / "pg_ctl"), "stop", "-D", str(data), "-m", "immediate"],
                        capture_output=True, check=False, **run_as)  # fmt: skip
@@ -115,9 +114,11 @@ def start_private_postgres(settings: dict[str, str]) -> PrivatePostgres:
     return PrivatePostgres(bin_dir, data, port, run_as)
 
 
-def _createdb_fallback(port: int) -> list[str]:
-    psql = shutil.which("psql") or "psql"
-    return [psql, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "postgres", "-c", "CREATE DATABASE test"]
+def _create_database(port: int) -> None:
+    import psycopg  # the dev environment's driver (the tests' PostgreSQL URLs use it)
+
+    with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True) as conn:
+        conn.execute("CREATE DATABASE test")
 
 
 def _run(argv: list[str], run_as: dict[str, Any]) -> None:
