@@ -136,6 +136,11 @@ param lagThresholdSeconds int = 300
 @minValue(1048576)
 param retainedWalThresholdBytes int = 1073741824
 
+@description('Share (percent) of max_slot_wal_keep_size a pg_logical poller\'s slot may hold back before it alerts.')
+@minValue(1)
+@maxValue(99)
+param walKeepUsedPercent int = 80
+
 @description('Function app name; empty for a generated one.')
 param functionAppName string = ''
 
@@ -216,6 +221,7 @@ module alerts './modules/alerts.bicep' = {
     stallIntervals: stallIntervals
     lagThresholdSeconds: lagThresholdSeconds
     retainedWalThresholdBytes: retainedWalThresholdBytes
+    walKeepUsedPercent: walKeepUsedPercent
   }
 }
 

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 
 from shared.config import PollerConfig
 from shared.errors import ConfigError, DbFanoutError, FetchError, SourceError
+from shared.scrub import scrub
 
 __all__ = ["db_errors", "dispose_engines", "make_engine", "require_driver", "source_engine"]
 
@@ -141,5 +142,6 @@ def db_errors(context: str, url: str) -> Iterator[None]:
 
 
 def _scrub(text: str, url: str) -> str:
+    """``text`` with the URL's own password (wherever a driver put it) and any other secret masked."""
     password = sa.make_url(url).password
-    return text.replace(str(password), "***") if password else text
+    return scrub(text.replace(str(password), "***") if password else text)

@@ -11,6 +11,7 @@ import azure.functions as func
 
 from poller.runtime import Runtimes
 from shared.config import Config
+from shared.errors import PositionLostError
 from shared.logs import get_logger, ids
 from shared.scrub import scrubbed_errors
 from shared.telemetry import metrics
@@ -53,11 +54,45 @@ def next_occurrence(timer: func.TimerRequest) -> dt.datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
 
 
+class _LastingCondition:
+    """A tick error that stays until an operator acts (:class:`PositionLostError`: the source's log
+    lost the changes after the checkpoint).
+
+    Logged once per state at ERROR, without a traceback, and once more when it ends; the timer
+    returns instead of raising (the host would log a traceback at every firing). No success is
+    recorded meanwhile, so the stall alert fires; ``dbfanout status`` shows the same text.
+    """
+
+    def __init__(self, poller: str) -> None:
+        self.poller = poller
+        self._text: str | None = None
+
+    def failed(self, error: PositionLostError) -> None:
+        text = str(error)
+        if text != self._text:
+            log.error("%s", text, extra=ids(poller=self.poller, error=type(error).__name__))
+            self._text = text
+        else:
+            log.debug("still: %s", text, extra=ids(poller=self.poller))
+
+    def ran(self) -> None:
+        if self._text is not None:
+            log.info("the source's position is readable again; delivering", extra=ids(poller=self.poller))
+            self._text = None
+
+
 def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], None]:
+    lasting = _LastingCondition(poller)
+
     def tick(timer: func.TimerRequest) -> None:
         # A timer function must return None: the Python worker rejects other values.
         with scrubbed_errors():  # the host logs what leaves a function verbatim
-            result = runtimes.get(poller).tick(next_occurrence(timer))
+            try:
+                result = runtimes.get(poller).tick(next_occurrence(timer))
+            except PositionLostError as exc:
+                lasting.failed(exc)
+                return
+        lasting.ran()
         if result.stop_reason in _RAN:  # this instance ran the tick to its end: the poller is alive
             metrics.last_success_timestamp.record(time.time(), {"poller": poller})
         log.info(

@@ -46,7 +46,7 @@ from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Position
 from shared.outbox import COLUMNS, is_delete, outbox_ddl
-from shared.settings import redact_url
+from shared.settings import fingerprint_url, redact_url
 
 __all__ = ["OutboxSource"]
 
@@ -94,7 +94,9 @@ class OutboxSource:
             )
         self._url = redact_url(config.source_url)
         self._horizon = self._dialect == "postgresql"
-        self._fingerprint = source_fingerprint({"kind": "outbox", "url": self._url, "table": config.table})
+        self._fingerprint = source_fingerprint(
+            {"kind": "outbox", "url": fingerprint_url(config.source_url), "table": config.table}
+        )
         schema, _, name = config.table.rpartition(".")
         self._table = sa.table(
             name, *(sa.column(c) for c in (*COLUMNS, "txid")), schema=schema or None

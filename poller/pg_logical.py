@@ -42,6 +42,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from poller.engines import db_errors, require_driver, source_engine
+from poller.pg_slot import SlotGuard
 from poller.pgoutput import Change, Decoder, Relation
 from poller.ports import EventFields, Page, SourceRow
 from poller.snapshot import (
@@ -56,11 +57,11 @@ from poller.snapshot import (
     signal_sql,
 )
 from shared.config import PollerConfig
-from shared.errors import ConfigError, SourceError
+from shared.errors import ConfigError, PositionLostError, SourceError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Lsn, Position, SnapshotState
-from shared.settings import redact_url
+from shared.settings import fingerprint_url, redact_url
 from shared.telemetry import metrics
 
 __all__ = ["PgLogicalSource", "setup_sql"]
@@ -188,7 +189,7 @@ class PgLogicalSource:
         self._url = redact_url(config.source_url)
         self._fingerprint = source_fingerprint(
             {
-                "url": self._url,
+                "url": fingerprint_url(config.source_url),
                 "kind": "pg_logical",
                 "tables": list(config.tables),
                 "slot": self._slot,
@@ -205,7 +206,7 @@ class PgLogicalSource:
         self._reader: ThreadPoolExecutor | None = None  # reads the next chunk ahead (one thread, lazily)
         self._initial: SnapshotState | None = None
         self._estimates: dict[str, int | None] = {}
-        self._checked = False
+        self._guard = SlotGuard(config, self._engine, self._url, self._chunks.estimate, self._forget_log)
         self._local = threading.local()  # pinned connection and this tick's buffer, per thread
         self._warned: set[str] = set()
         # Where the slot may go once a position a page ended at is a landed checkpoint; shared by
@@ -219,13 +220,23 @@ class PgLogicalSource:
         return self._fingerprint
 
     def fetch(self, after: Position | None, limit: int) -> Page:
-        with self._connection("fetch") as conn:
-            return self._fetch(conn, after, limit)
+        try:
+            with self._connection("fetch") as conn:
+                return self._fetch(conn, after, limit)
+        except SourceError as exc:
+            if isinstance(exc, PositionLostError) or _sqlstate(exc) is None:
+                raise  # lost already said, or the server did not answer (nothing to ask it then)
+            # The server refused the read: its slot may be lost meanwhile. Say so (or recover).
+            recovery = self._recheck(after)
+            if recovery is not None:
+                return recovery
+            raise
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
         """One connection and one decoded buffer for a tick's fetches (the slot does not move meanwhile)."""
         self._local.pinning, self._local.conn, self._local.buffer = True, None, None
+        self._guard.new_tick()
         try:
             yield
         finally:
@@ -306,7 +317,10 @@ class PgLogicalSource:
         the stream's is followed by one of a ready chunk's, taken without reading the log (they
         are valid where the last page ended), so a steady stream does not stall the snapshot.
         """
-        self._check_slot(conn)
+        recovery = self._guard.check(conn, after)  # the slot lost: an error, or (opt-in) a resnapshot
+        if recovery is not None:
+            conn.rollback()
+            return recovery
         key = _key(after)
         begun = self._state_at(after)
         scan = _Scan(begun, key, key)
@@ -677,21 +691,21 @@ class PgLogicalSource:
             self._pks[rel.oid] = pk
         return pk
 
-    def _check_slot(self, conn: sa.Connection) -> None:
-        if self._checked:
-            return
-        row = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
-        if row is None:
-            raise SourceError(
-                f"poller {self._config.name}: replication slot {self._slot!r} does not exist in {self._url}",
-                hint="create it (and the publication) with `dbfanout validate --fix`; see docs/operations.md",
-            )
-        if row["plugin"] != "pgoutput":
-            raise SourceError(
-                f"poller {self._config.name}: slot {self._slot!r} uses plugin {row['plugin']!r}, not pgoutput",
-                hint="drop it and recreate it with `dbfanout validate --fix`, or name another slot",
-            )
-        self._checked = True
+    def _recheck(self, after: Position | None) -> Page | None:
+        """The slot check after a failed read (raises when the slot is lost; None when the server
+        itself cannot be reached: the read's own error says so)."""
+        try:
+            with self._connection("slot check") as conn:
+                return self._guard.check(conn, after, force=True)
+        except PositionLostError:
+            raise
+        except SourceError:
+            return None
+
+    def _forget_log(self) -> None:
+        """The slot was replaced: what was read of the old one (buffer, chunks, hints) is void."""
+        self._local.buffer, self._chunk, self._ahead, self._owed = None, None, None, False
+        self._hints.clear()
 
     # ------------------------------------------------------------------------------ plumbing
 
@@ -732,6 +746,12 @@ def _key(position: Position | None) -> tuple[int, int] | None:
             hint="this checkpoint was written by another source kind: `dbfanout checkpoint reset` the poller",
         )
     return (int(position.cursor), seq)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of the server's answer behind ``error`` (None: no answer, e.g. a lost connection)."""
+    cause = error.__cause__
+    return getattr(getattr(cause, "orig", cause), "sqlstate", None)
 
 
 def _commit_time(c: Change) -> dt.datetime:

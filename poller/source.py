@@ -51,7 +51,7 @@ from shared.errors import ConfigError, CursorError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Position
-from shared.settings import redact_url
+from shared.settings import fingerprint_url, redact_url
 
 __all__ = ["SqlSource"]
 
@@ -97,7 +97,7 @@ class SqlSource:
             raise ConfigError(f"{self._key}.xid_column", f"needs PostgreSQL 13+ (this source is {self._dialect})")
         self._fingerprint = source_fingerprint(
             {
-                "url": self._url,
+                "url": fingerprint_url(config.source_url),
                 "table": config.table,
                 "query": config.query,
                 "cursor": config.cursor,

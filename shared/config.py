@@ -45,6 +45,9 @@ NullCursorPolicy = Literal["skip", "fail"]
 OversizePolicy = Literal["error", "claim-check"]
 SourceKind = Literal["keyset", "outbox", "pg_logical"]
 Wake = Literal["poll", "notify"]
+OnLostPosition = Literal["fail", "resnapshot"]
+#: Kinds whose source reads a log that can lose the changes after a checkpoint (``on_lost_position``).
+LOG_POSITION_KINDS = ("pg_logical",)
 #: Keys that only mean something to a keyset (table/query) poller.
 _KEYSET_ONLY = ("query", "cursor", "pk", "soft_delete_column", "xid_column", "filter", "null_cursor", "cursor_timezone")
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -142,6 +145,10 @@ class PollerConfig:
     # validate --fix` adds it).
     snapshot_chunk_size: int = 0
     signal_table: str = "public.dbfanout_signal"
+    # When the log no longer holds the changes after the checkpoint (a replication slot PostgreSQL
+    # invalidated or dropped): "fail" (the default) stops with an error naming the fix; "resnapshot"
+    # replaces the slot and snapshots every table, unattended (see poller.pg_slot).
+    on_lost_position: OnLostPosition = "fail"
     # Topic fan-out: ``topic = "orders"`` instead of ``queue``; ``queue`` then holds the same name
     # (the entity the poller sends to) and ``subscriptions`` each name a handler.
     topic: str | None = None
@@ -500,10 +507,23 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         snapshot=_choice(raw, prefix, "snapshot", "never", ("never", "initial")),
         snapshot_chunk_size=_int(raw, prefix, "snapshot_chunk_size", 0, 0, 1_000_000),
         signal_table=_signal_table(raw, prefix),
+        on_lost_position=_on_lost_position(raw, prefix, kind),
         topic=topic,
         subscriptions=subscriptions,
         cursor_is_commit_time=bool(raw.get("cursor_is_commit_time", False)),
     )
+
+
+def _on_lost_position(raw: Mapping[str, Any], prefix: str, kind: str) -> OnLostPosition:
+    """``on_lost_position``: only for sources that read a log position (a keyset source has none to lose)."""
+    value: OnLostPosition = _choice(raw, prefix, "on_lost_position", "fail", ("fail", "resnapshot"))
+    if "on_lost_position" in raw and kind not in LOG_POSITION_KINDS:
+        raise ConfigError(
+            f"{prefix}.on_lost_position",
+            f"applies to kind = {' / '.join(repr(k) for k in LOG_POSITION_KINDS)} only (kind = {kind!r} reads "
+            "the table itself: it has no log position to lose)",
+        )
+    return value
 
 
 def _signal_table(raw: Mapping[str, Any], prefix: str) -> str:

@@ -8,7 +8,8 @@ the operations guide) they belong to.
     ├── ConfigError                 bad dbfanout.toml / settings; fails at load or indexing
     ├── SourceError                 the database side
     │   ├── FetchError              the query failed (database down, SQL error)
-    │   └── CursorError             a cursor value we cannot order by (naive, NULL, wrong type)
+    │   ├── CursorError             a cursor value we cannot order by (naive, NULL, wrong type)
+    │   └── PositionLostError       the source's log no longer holds the changes after the checkpoint
     ├── SerializationError          a value, state blob or message we cannot encode/decode
     │   ├── StateFormatError        corrupt or unknown-version state blob
     │   └── EnvelopeError           malformed or foreign Service Bus message body
@@ -40,6 +41,7 @@ __all__ = [
     "LeaseError",
     "LostLeaseError",
     "OversizeRowError",
+    "PositionLostError",
     "SerializationError",
     "SourceError",
     "StateError",
@@ -95,6 +97,17 @@ class CursorError(SourceError):
     """Raised when a cursor value cannot be ordered safely (naive datetime, NULL, unsupported type)."""
 
     hint = "use a monotonic, non-NULL cursor column; set cursor_timezone for naive timestamps"
+
+
+class PositionLostError(SourceError):
+    """Raised when the log a source reads no longer holds the changes after the checkpoint (a
+    replication slot PostgreSQL invalidated or dropped, a purged binlog): an operator decision.
+
+    It stays until someone acts, so the poller logs it once per state, not a traceback per tick
+    (``poller.functions``); the message names what was lost and the one command that recovers.
+    """
+
+    hint = "run `dbfanout validate --fix`: it replaces the lost position and requests a snapshot (docs/operations.md)"
 
 
 class SerializationError(DbFanoutError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "safe_cause",
     "scrub",
     "scrub_record",
+    "scrub_value",
     "scrubbed_errors",
 ]
 
@@ -33,26 +34,62 @@ MAX_ERROR_CHARS = 2048
 
 MASK = "***"
 
-# Connection-string and query-string keys whose value is a secret (Service Bus, storage,
-# ADO.NET/ODBC, libpq, SAS tokens); the value runs to the next ';', '&', quote or whitespace.
-_SECRET_KEYS = (
-    r"SharedAccessKey|SharedAccessSignature|AccountKey|AccessKey|Password|pwd|passwd|secret|"
-    r"client_secret|sig|token|api[_-]?key"
+# One pattern set for every text dbfanout logs, raises, records or exports (logs, failure records,
+# span events, settings' redact_url). Each masks a value, never its key or scheme, so a reader still
+# sees what kind of credential was there.
+
+# A key whose value is a secret: one *ending* in one of these words (``password``, ``db_password``,
+# ``PGPASSWORD``, ``client_secret``, ``ClientSecret``, ``access_token``, ``AccountKey``, ``sig``...),
+# not ``SharedAccessKeyName`` or ``key`` alone; ``fencing_token`` is a number of ours.
+_SECRET_WORDS = (
+    r"password|passwd|pwd|secret|token|sig|signature|apikey|"
+    r"(?:account|access|sharedaccess|api|private|secret|signing|master|subscription|client|encryption)[_-]?key"
 )
-_KEY_VALUE = re.compile(rf"(?i)(?<![\w-])((?:{_SECRET_KEYS})\s*=\s*)([^;&\s'\"<>]+)")
-# scheme://user:password@host — the password, whatever the scheme (postgresql, mysql, amqps, https).
-_URL_PASSWORD = re.compile(r"(?i)([a-z][a-z0-9+.\-]*://[^/\s:@'\"]*:)([^@/\s'\"]+)(@)")
-# 'password': 'x' / "password": "x" in reprs of dicts (SQLAlchemy URL reprs, connect kwargs).
-_QUOTED_KEY = re.compile(rf"(?i)(['\"](?:{_SECRET_KEYS})['\"]\s*:\s*['\"])([^'\"]*)(['\"])")
+_KEY = rf"(?<![A-Za-z0-9_.\-])(?!fencing[_-]?token)[A-Za-z0-9_.\-]*?(?:{_SECRET_WORDS})"
+# A value: quoted with backslash escapes (libpq 'a b\'c', JSON "x\"y", .NET "a""b"), ODBC-braced
+# ({a;b}}c}), or bare up to the next separator.
+_SINGLE = r"'(?:[^'\\]|\\.)*'"
+_DOUBLE = r'"(?:[^"\\]|\\.|"")*"'
+_BRACED = r"\{(?:[^}]|\}\})*\}"
+_QUOTED = re.compile(rf"({_SINGLE}|{_DOUBLE}|{_BRACED})", re.DOTALL)
+
+# key=value (connection strings, libpq DSNs, query strings, env dumps): the value, whatever its form.
+_KEY_VALUE = re.compile(rf"(?i)({_KEY}\s*=\s*)(b?{_SINGLE}|{_DOUBLE}|{_BRACED}|[^;&\s'\"<>]+)", re.DOTALL)
+# key: value (YAML, HTTP headers, JSON "password": "x", Python reprs {'token': b'x'}): a quoted
+# value, or a bare one to the end of its line (a YAML value may hold spaces).
+_KEY_COLON = re.compile(rf"(?i)(['\"]?{_KEY}['\"]?\s*:[ \t]*)(b?{_SINGLE}|{_DOUBLE}|[^\s'\"][^\r\n]*)", re.DOTALL)
+# scheme://user:password@host — whatever the scheme; the password runs to the last '@' of the
+# address, so a password holding '/' or '@' is masked whole.
+_URL_PASSWORD = re.compile(r"(?i)([a-z][a-z0-9+.\-]*://[^/\s:@'\"]*:)([^\s'\"]*)(@)")
+# Authorization: <scheme> <credential> (and the schemes alone: Bearer, Basic, SharedKey account:sig).
+_AUTHORIZATION = re.compile(r"(?i)(\bauthorization['\"]?\s*:\s*['\"]?(?:[A-Za-z][\w-]*\s+(?=\S))?)([^\s'\",;]+)")
+_SCHEME_TOKEN = re.compile(r"(?i)(\b(?:Bearer|Basic|Digest)\s+)([A-Za-z0-9\-._~+/]+=*)")
+_SHARED_KEY = re.compile(r"(?i)(\bSharedKey(?:Lite)?\s+[^\s:'\"]+:)([^\s'\",;]+)")
+
+# A text with none of these cannot hold a secret any pattern above masks (the common log line).
+_TRIGGER = re.compile(r"(?i)pass|pwd|secret|token|sig|key|://|bearer|basic|digest|authorization")
+
+
+def _masked(match: re.Match[str]) -> str:
+    """The key (group 1), then the value masked: quotes, braces and a bytes prefix kept."""
+    value = match.group(2)
+    prefix = "b" if value[:1] in ("b", "B") and value[1:2] in ("'", '"') else ""
+    body = value[len(prefix) :]
+    if body[:1] in ("'", '"', "{") and _QUOTED.fullmatch(body):
+        return f"{match.group(1)}{prefix}{body[0]}{MASK}{body[-1]}"
+    return f"{match.group(1)}{MASK}"
 
 
 def scrub(text: str) -> str:
     """``text`` with every secret value replaced by ``***`` (idempotent, cheap when there is none)."""
-    if "=" not in text and "://" not in text and ":" not in text:
+    if not _TRIGGER.search(text):
         return text
     text = _URL_PASSWORD.sub(rf"\g<1>{MASK}\g<3>", text)
-    text = _QUOTED_KEY.sub(rf"\g<1>{MASK}\g<3>", text)
-    return _KEY_VALUE.sub(rf"\g<1>{MASK}", text)
+    text = _AUTHORIZATION.sub(rf"\g<1>{MASK}", text)
+    text = _SCHEME_TOKEN.sub(rf"\g<1>{MASK}", text)
+    text = _SHARED_KEY.sub(rf"\g<1>{MASK}", text)
+    text = _KEY_COLON.sub(_masked, text)
+    return _KEY_VALUE.sub(_masked, text)
 
 
 def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
@@ -98,9 +135,10 @@ def scrubbed_errors() -> Iterator[None]:
 
 
 def scrub_record(record: logging.LogRecord) -> logging.LogRecord:
-    """Scrub a log record in place: its message (arguments merged), string ``extra`` fields and its
-    traceback (when it holds a secret: formatted, scrubbed and kept as ``exc_text``, and ``exc_info``
-    dropped so that no handler or exporter formats the raw exception again)."""
+    """Scrub a log record in place: its message (arguments merged), ``extra`` fields of any type
+    (:func:`scrub_value`) and its traceback (when it holds a secret: formatted, scrubbed and kept
+    as ``exc_text``, and ``exc_info`` dropped so that no handler or exporter formats the raw
+    exception again)."""
     try:
         message = record.getMessage()
     except Exception:  # a bad format string: leave it to logging's own error reporting
@@ -109,10 +147,9 @@ def scrub_record(record: logging.LogRecord) -> logging.LogRecord:
     for key, value in list(vars(record).items()):
         if key in _SKIP or key.startswith("_"):
             continue
-        if isinstance(value, str):
-            setattr(record, key, scrub(value))
-        elif isinstance(value, BaseException):
-            setattr(record, key, describe_error(value))
+        clean = scrub_value(value)
+        if clean is not value:
+            setattr(record, key, clean)
     if record.exc_info and record.exc_info[1] is not None:
         text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
         clean = scrub(text)
@@ -125,11 +162,53 @@ def scrub_record(record: logging.LogRecord) -> logging.LogRecord:
     return record
 
 
-# Standard LogRecord attributes that never hold caller text (msg/args are handled above).
-_SKIP = frozenset(
-    {"name", "msg", "args", "levelname", "pathname", "filename", "module", "funcName", "exc_text", "stack_info"}
-    | {"taskName", "processName", "threadName"}
-)
+_PLAIN = (int, float, bool, type(None))
+_KEY_ONLY = re.compile(rf"(?i)['\"]?{_KEY}['\"]?")
+
+
+def scrub_value(value: object) -> object:
+    """``value`` with its secrets masked, or ``value`` itself when it holds none.
+
+    A log call's ``extra`` values are any objects, which a formatter or an exporter renders later:
+    a string is scrubbed; an exception becomes its scrubbed ``Type: message``; bytes are read as
+    text; a mapping's value under a secret key (``{"password": ...}``) is masked whatever its type,
+    and mappings, lists, tuples and sets are scrubbed item by item (same type); any other object
+    becomes its scrubbed ``str`` when that holds a secret.
+    """
+    if isinstance(value, str):
+        clean = scrub(value)
+        return value if clean == value else clean
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, BaseException):
+        return describe_error(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        text = bytes(value).decode("utf-8", "replace")
+        clean = scrub(text)
+        return value if clean == text else clean
+    if isinstance(value, Mapping):
+        items = {
+            k: MASK if isinstance(k, str) and _KEY_ONLY.fullmatch(k) and v is not None else scrub_value(v)
+            for k, v in value.items()
+        }
+        changed = any(items[k] is not v for k, v in value.items())
+        return items if changed else value
+    if isinstance(value, list | tuple | set | frozenset):
+        parts = [scrub_value(v) for v in value]
+        if all(p is v for p, v in zip(parts, value, strict=True)):
+            return value
+        return type(value)(parts) if not hasattr(value, "_fields") else tuple(parts)
+    try:
+        text = str(value)
+    except Exception:  # a __str__ that raises: nothing of it can be rendered either
+        return value
+    clean = scrub(text)
+    return value if clean == text else clean
+
+
+# Standard LogRecord attributes: never caller text (msg/args are handled above; exc_info and
+# stack_info below). Everything else on a record is an ``extra`` field.
+_SKIP = frozenset(vars(logging.makeLogRecord({}))) | {"taskName", "asctime"}
 
 
 class ScrubbingFilter(logging.Filter):

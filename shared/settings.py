@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import ConfigError
+from shared.scrub import scrub
 
 __all__ = [
     "ServiceBusConnection",
     "Settings",
     "StorageConnection",
+    "fingerprint_url",
     "load_settings",
     "redact_url",
 ]
@@ -106,11 +108,20 @@ def servicebus_connection(settings: Settings, name: str) -> ServiceBusConnection
     )
 
 
-_URL_PASSWORD = re.compile(r"(?P<head>://[^/:@]*:)(?P<pw>[^@/]*)(?P<tail>@)")
-_SECRET_PARAM = re.compile(r"(?i)((?:password|pwd|secret|token|key|sig)=)[^&;]*")
-
-
 def redact_url(url: str) -> str:
-    """A database URL safe to log or fingerprint: password and secret query params removed."""
-    url = _URL_PASSWORD.sub(r"\g<head>***\g<tail>", url)
-    return _SECRET_PARAM.sub(r"\1***", url)
+    """A database URL (or any text) safe to log: its secrets masked by :func:`shared.scrub.scrub`,
+    the one pattern set every log line, error text and failure record goes through."""
+    return scrub(url)
+
+
+# Frozen: what a source fingerprint hashes. Changing it would change every existing fingerprint,
+# and a changed fingerprint stops a poller until an operator accepts it; it is not a scrubber (the
+# fingerprint is a hash and never shown): what is shown goes through redact_url.
+_FP_URL_PASSWORD = re.compile(r"(?P<head>://[^/:@]*:)(?P<pw>[^@/]*)(?P<tail>@)")
+_FP_SECRET_PARAM = re.compile(r"(?i)((?:password|pwd|secret|token|key|sig)=)[^&;]*")
+
+
+def fingerprint_url(url: str) -> str:
+    """The form of a database URL that source fingerprints hash (stable across versions)."""
+    url = _FP_URL_PASSWORD.sub(r"\g<head>***\g<tail>", url)
+    return _FP_SECRET_PARAM.sub(r"\1***", url)

@@ -62,12 +62,14 @@ class Metrics:
     commit_to_handler: otel_metrics.Histogram
     retained_wal_bytes: LatestValue  # observable gauge, pg_logical pollers
     lag_wal_bytes: LatestValue  # observable gauge, pg_logical pollers: WAL not yet delivered
+    wal_headroom_bytes: LatestValue  # observable gauge, pg_logical pollers: WAL left before the slot is lost
     lag_rows: LatestValue  # observable gauge, keyset and outbox pollers: rows not yet sent (bounded)
 
 
 def _build() -> Metrics:
     meter = otel_metrics.get_meter("dbfanout")
     last_success, retained_wal, lag_wal, lag_rows = LatestValue(), LatestValue(), LatestValue(), LatestValue()
+    wal_headroom = LatestValue()
     meter.create_observable_gauge(
         "dbfanout.last_success_timestamp",
         callbacks=[last_success.observe],
@@ -86,6 +88,13 @@ def _build() -> Metrics:
         callbacks=[retained_wal.observe],
         unit="By",
         description="WAL the poller's replication slot holds back (pg_logical)",
+    )
+    meter.create_observable_gauge(
+        "dbfanout.pg_logical.wal_headroom",
+        callbacks=[wal_headroom.observe],
+        unit="By",
+        description="WAL that can still be written before PostgreSQL invalidates the poller's slot "
+        "(pg_replication_slots.safe_wal_size; reported only when max_slot_wal_keep_size is set)",
     )
     meter.create_observable_gauge(
         "dbfanout.pg_logical.lag",
@@ -123,6 +132,7 @@ def _build() -> Metrics:
         ),
         retained_wal_bytes=retained_wal,
         lag_wal_bytes=lag_wal,
+        wal_headroom_bytes=wal_headroom,
         lag_rows=lag_rows,
     )
 

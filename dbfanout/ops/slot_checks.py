@@ -16,7 +16,8 @@ import sqlalchemy as sa
 from dbfanout.ops.checks import Check
 from poller.engines import source_engine
 from poller.pg_logical import PgLogicalSource, setup_sql
-from poller.snapshot import signal_sql
+from poller.pg_slot import RUNBOOK, replace_slot
+from poller.snapshot import request_statement, signal_sql
 from shared.config import PollerConfig
 
 __all__ = ["DEFAULT_RETAINED_WARN_BYTES", "slot_checks"]
@@ -157,9 +158,56 @@ def _slot_check(cfg: PollerConfig, fix: bool, warn_bytes: int) -> Iterator[Check
             return
         with source_engine(cfg).begin() as conn:  # a transaction of its own (no writes before it)
             conn.execute(sa.text(create))
-        yield Check(cfg.name, "slot", "ok", f"created: {create}")
+        yield Check(
+            cfg.name,
+            "slot",
+            "ok",
+            f"created: {create} (if the poller ran before, the changes since its checkpoint are not in it: "
+            f"`dbfanout snapshot {cfg.name}` re-delivers every current row)",
+        )
+        return
+    if slot["wal_status"] == "lost" and fix:
+        yield from _replace_lost(cfg, slot)
         return
     yield from _slot_health(cfg, slot, warn_bytes)
+
+
+def _replace_lost(cfg: PollerConfig, slot: dict[str, Any]) -> Iterator[Check]:
+    """A slot PostgreSQL invalidated: drop it, create it again, then request a snapshot of every table.
+
+    The request is written after the new slot exists, so it reaches the poller through it; the
+    snapshot re-delivers every current row, the rows changed while the slot was lost included.
+    """
+    name, lost_at = slot["slot"], slot["confirmed_flush_lsn"]
+    start = replace_slot(source_engine(cfg), name)
+    yield Check(
+        cfg.name,
+        "slot",
+        "ok",
+        f"{name} was lost (wal_status = lost; the changes after {lost_at} are gone from the log): replaced, "
+        f"the new slot starts at {start}",
+    )
+    statement, params = request_statement(cfg)
+    try:
+        with source_engine(cfg).begin() as conn:
+            conn.execute(statement, params)
+    except Exception as exc:  # the slot is replaced; the snapshot can still be asked for by hand
+        yield Check(
+            cfg.name,
+            "snapshot",
+            "fail",
+            f"could not request the snapshot that re-delivers the rows changed while {name} was lost "
+            f"({type(exc).__name__}: {exc}): run `dbfanout snapshot {cfg.name}`",
+        )
+        return
+    yield Check(
+        cfg.name,
+        "snapshot",
+        "ok",
+        f"requested a snapshot of every table (request {params['id']}): it re-delivers every current row, those "
+        f"changed while {name} was lost included (a row deleted meanwhile is not: reconcile the target); "
+        f"follow it with `dbfanout status {cfg.name}`",
+    )
 
 
 def _slot_health(cfg: PollerConfig, slot: dict[str, Any], warn_bytes: int) -> Iterator[Check]:
@@ -171,8 +219,18 @@ def _slot_health(cfg: PollerConfig, slot: dict[str, Any], warn_bytes: int) -> It
             cfg.name,
             "slot",
             "fail",
-            f"{name} lost WAL it needed (max_slot_wal_keep_size): changes are "
-            "missing; see 'Slot lost' in docs/operations.md",
+            f"{name} lost WAL it needed (wal_status = lost, max_slot_wal_keep_size): the changes after "
+            f"{slot['confirmed_flush_lsn']} are gone from the log; run `dbfanout validate --fix {cfg.name}` (it "
+            f"replaces the slot and requests a snapshot of every table); see {RUNBOOK}",
+        )
+    elif slot["wal_status"] == "unreserved":
+        yield Check(
+            cfg.name,
+            "slot",
+            "warn",
+            f"{name} holds back more WAL than max_wal_size (wal_status = unreserved, "
+            f"{retained / 1024**2:.0f} MiB): PostgreSQL invalidates it at its next checkpoint unless the poller "
+            f"catches up; see {RUNBOOK}",
         )
     elif not slot["active"] and retained > warn_bytes:
         yield Check(

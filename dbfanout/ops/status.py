@@ -26,11 +26,13 @@ from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
 from poller.engines import source_engine
 from poller.pg_logical import PgLogicalSource
+from poller.pg_slot import lost_error, read_slot
 from poller.sources import open_source
 from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
-from shared.errors import DbFanoutError, SourceError
-from shared.models import SnapshotState
+from shared.errors import DbFanoutError, PositionLostError, SourceError
+from shared.models import Position, SnapshotState
+from shared.settings import redact_url
 
 __all__ = [
     "PENDING_LIMIT",
@@ -47,6 +49,8 @@ PEEK_COUNT_LIMIT = 1000
 
 
 def _error(exc: Exception) -> str:
+    if isinstance(exc, PositionLostError):
+        return str(exc)  # what was lost, and (its hint) the one command that recovers
     return str(exc.args[0]) if isinstance(exc, DbFanoutError) and exc.args else f"{type(exc).__name__}: {exc}"
 
 
@@ -108,7 +112,7 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
         out["state_error"] = _error(exc)
     try:
         if isinstance(source, PgLogicalSource):
-            out["source"] = _slot_source(source)
+            out["source"] = _slot_source(source, cfg, position)
             return out
         newest = _newest_cursor(cfg)
         page = source.fetch(position, PENDING_LIMIT)
@@ -173,15 +177,26 @@ def snapshot_line(snap: Mapping[str, Any]) -> str:
     return text
 
 
-def _slot_source(source: PgLogicalSource) -> dict[str, Any]:
+def _slot_source(source: PgLogicalSource, cfg: PollerConfig, position: Position | None) -> dict[str, Any]:
     """A pg_logical poller: its slot, how much WAL it holds and how far behind the log it is.
 
     The slot is not read: a peek takes the slot for its duration, and a tick peeking at the same
-    moment would fail. ``lag_bytes`` (WAL after the slot's confirmed position) is the backlog.
+    moment would fail. ``lag_bytes`` (WAL after the slot's confirmed position) is the backlog. A
+    lost slot is the poller's own error (what was lost, and the command that recovers).
     """
     slot = source.slot_status()
-    if slot is None:
-        raise SourceError(f"replication slot {source.slot!r} does not exist (create it: `dbfanout validate --fix`)")
+    if slot is None or slot["wal_status"] == "lost":
+        with source_engine(cfg).connect() as conn:
+            health = read_slot(conn, source.slot)
+        if health.lost:
+            if position is None and not health.present:
+                raise SourceError(
+                    f"replication slot {source.slot!r} does not exist (create it: `dbfanout validate --fix`)"
+                )
+            raise lost_error(cfg, health, position, redact_url(cfg.source_url))
+        slot = source.slot_status()  # replaced meanwhile
+        if slot is None:
+            raise SourceError(f"replication slot {source.slot!r} does not exist")
     mib = 1024 * 1024
     return {
         **slot,

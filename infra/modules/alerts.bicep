@@ -5,6 +5,8 @@
 //   all): dbfanout.last_success_timestamp;
 // - lag: a poller's dbfanout.lag above its threshold;
 // - retained WAL: a pg_logical poller's slot holds more than retainedWalThresholdBytes;
+// - WAL headroom: a pg_logical poller's slot has used more than walKeepUsedPercent of
+//   max_slot_wal_keep_size (PostgreSQL invalidates it at the limit, and changes are lost);
 // - dead letters: a queue's or topic's DeadletteredMessages > 0 (Service Bus metric, independent of
 //   the app's telemetry), and per subscription / storage queue dbfanout.events.dead_lettered > 0;
 // - a workbook: lag, throughput, commit -> handler latency, failures and dead letters per poller.
@@ -56,6 +58,11 @@ param lagThresholdSeconds int = 300
 @description('Retained WAL (bytes) above which a pg_logical poller alerts.')
 @minValue(1048576)
 param retainedWalThresholdBytes int = 1073741824
+
+@description('Share (percent) of max_slot_wal_keep_size a pg_logical poller\'s slot may hold back before it alerts (the slot is lost at 100).')
+@minValue(1)
+@maxValue(99)
+param walKeepUsedPercent int = 80
 
 var emailReceivers = empty(alertEmail) ? [] : [
   {
@@ -187,6 +194,48 @@ resource walAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = 
       allOf: [
         {
           query: format('customMetrics | where name == "dbfanout.pg_logical.retained_wal" and tostring(customDimensions.poller) == "{0}" | summarize wal = max(value) | where wal > {1}', p.name, retainedWalThresholdBytes)
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: true
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}]
+
+// A pg_logical poller's slot nears max_slot_wal_keep_size: at the limit PostgreSQL invalidates it and
+// the changes after its position are lost (see the runbook). Used share = retained / (retained +
+// headroom), from dbfanout.pg_logical.retained_wal and dbfanout.pg_logical.wal_headroom (PostgreSQL's
+// safe_wal_size, reported only when max_slot_wal_keep_size is set).
+resource walHeadroomAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for p in pollers: if (p.kind == 'pg_logical') {
+  name: 'dbfanout-wal-headroom-${p.name}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'dbfanout poller ${p.name} nears max_slot_wal_keep_size'
+    description: 'The replication slot of poller ${p.name} holds back more than ${walKeepUsedPercent}% of max_slot_wal_keep_size. At the limit PostgreSQL invalidates the slot and the changes after its position are lost: see the operations guide, A replication slot was lost.'
+    severity: 1
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT15M'
+    criteria: {
+      allOf: [
+        {
+          query: format('customMetrics | where name in ("dbfanout.pg_logical.retained_wal", "dbfanout.pg_logical.wal_headroom") and tostring(customDimensions.poller) == "{0}" | summarize retained = maxif(value, name == "dbfanout.pg_logical.retained_wal"), headroom = minif(value, name == "dbfanout.pg_logical.wal_headroom") | where isnotnull(headroom) and retained + headroom > 0 and 100.0 * retained / (retained + headroom) > {1}', p.name, walKeepUsedPercent)
           timeAggregation: 'Count'
           operator: 'GreaterThan'
           threshold: 0

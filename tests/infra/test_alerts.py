@@ -82,6 +82,7 @@ def test_the_alert_and_workbook_queries_read_metrics_the_code_emits() -> None:
         "dbfanout.last_success_timestamp",
         "dbfanout.lag",
         "dbfanout.pg_logical.retained_wal",
+        "dbfanout.pg_logical.wal_headroom",
         "dbfanout.events.dead_lettered",
         "dbfanout.commit_to_handler",
         "dbfanout.events_handled",
@@ -94,8 +95,29 @@ def test_the_alert_and_workbook_queries_read_metrics_the_code_emits() -> None:
 def test_every_alert_goes_to_the_one_action_group_with_the_parameters_receivers() -> None:
     text = ALERTS.read_text(encoding="utf-8")
     rules = re.findall(r"^resource (\w+) '(Microsoft\.Insights/(?:scheduledQueryRules|metricAlerts))@", text, re.M)
-    assert {name for name, _ in rules} == {"stallAlert", "lagAlert", "walAlert", "entityDlqAlert", "appDlqAlert"}
+    assert {name for name, _ in rules} == {
+        "stallAlert",
+        "lagAlert",
+        "walAlert",
+        "walHeadroomAlert",
+        "entityDlqAlert",
+        "appDlqAlert",
+    }
     assert text.count("actionGroup.id") == len(rules) + 1  # each rule, and the output
     assert "emailAddress: alertEmail" in text and "serviceUri: alertWebhookUri" in text
     assert "if (p.kind == 'pg_logical')" in text  # the WAL alert only for pg_logical pollers
     assert "'Microsoft.Insights/workbooks@" in text
+
+
+def test_a_pg_logical_slot_nearing_max_slot_wal_keep_size_alerts() -> None:
+    # Given the headroom alert (issue 32): PostgreSQL invalidates a slot at max_slot_wal_keep_size
+    text = ALERTS.read_text(encoding="utf-8")
+    block = text[text.index("resource walHeadroomAlert") :]
+    block = block[: block.index("\n}]")]
+    # Then it is per pg_logical poller, severity 1, and fires on the share of the limit the slot holds
+    # back (retained / (retained + headroom)) above walKeepUsedPercent, which main.bicep passes through
+    assert "if (p.kind == 'pg_logical')" in block and "severity: 1" in block
+    assert "dbfanout.pg_logical.wal_headroom" in block and "dbfanout.pg_logical.retained_wal" in block
+    assert "100.0 * retained / (retained + headroom) > {1}" in block and "walKeepUsedPercent)" in block
+    main = (INFRA / "main.bicep").read_text(encoding="utf-8")
+    assert "walKeepUsedPercent: walKeepUsedPercent" in main and "param walKeepUsedPercent int = 80" in main
