@@ -10,8 +10,9 @@ from collections.abc import Callable
 import azure.functions as func
 
 from poller.runtime import Runtimes
+from poller.tick_summary import TickSummary
 from shared.config import Config
-from shared.logs import get_logger, ids
+from shared.logs import get_logger
 from shared.scrub import scrubbed_errors
 from shared.telemetry import metrics
 
@@ -54,16 +55,15 @@ def next_occurrence(timer: func.TimerRequest) -> dt.datetime | None:
 
 
 def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], None]:
+    summary = TickSummary(poller)  # idle ticks log at DEBUG; one INFO summary every few minutes
+
     def tick(timer: func.TimerRequest) -> None:
         # A timer function must return None: the Python worker rejects other values.
         with scrubbed_errors():  # the host logs what leaves a function verbatim
             result = runtimes.get(poller).tick(next_occurrence(timer))
         if result.stop_reason in _RAN:  # this instance ran the tick to its end: the poller is alive
             metrics.last_success_timestamp.record(time.time(), {"poller": poller})
-        log.info(
-            "tick done",
-            extra=ids(poller=poller, stop_reason=result.stop_reason, rows=result.rows, batches=result.batches),
-        )
+        summary.tick_done(result.stop_reason, result.rows, result.batches)
 
     tick.__name__ = timer_function_name(poller)
     return tick
