@@ -1,11 +1,11 @@
 """Quiet when idle: a tick that found nothing logs at DEBUG; one INFO line sums the ticks up.
 
 A poller on a one-second schedule ticks 86,400 times a day, and log ingestion is billed (Azure
-Monitor). So ``tick done`` is an INFO line only when the tick sent rows (or met a refusing
-broker); an idle tick's line is DEBUG, and at most every :data:`SUMMARY_SECONDS` one INFO line
-says what the ticks since the last summary did: ``ticks``, ``rows``, ``idle_ticks`` and
-``since``. The summary is written by the first tick after the interval, so a poller that stops
-ticking writes none.
+Monitor). So ``tick done`` is an INFO line only when the tick sent rows; an idle tick's line
+(nothing sent: caught up, the lease held elsewhere, backing off from a refusing broker) is
+DEBUG, and at most every :data:`SUMMARY_SECONDS` one INFO line says what the ticks since the
+last summary did: ``ticks``, ``idle_ticks``, ``rows`` and ``since``. The first tick after the
+interval writes it, so a poller that stops ticking writes none.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class TickSummary:
 
     def tick_done(self, stop_reason: str, rows: int, batches: int) -> None:
         """Log one tick (``tick done``) and, when the interval has passed, the summary."""
-        idle = rows == 0 and stop_reason != "sink_refusing"
+        idle = rows == 0  # nothing sent: caught up, lease held elsewhere, backing off from a refusing broker
         level = log.debug if idle else log.info
         level("tick done", extra=ids(poller=self.poller, stop_reason=stop_reason, rows=rows, batches=batches))
         with self._lock:
