@@ -82,6 +82,8 @@ def test_the_alert_and_workbook_queries_read_metrics_the_code_emits() -> None:
         "dbfanout.last_success_timestamp",
         "dbfanout.lag",
         "dbfanout.pg_logical.retained_wal",
+        "dbfanout.sink_refusing",  # the broker refuses a poller's sends (queue full, throttled, unreachable)
+        "dbfanout.sends_refused",
         "dbfanout.events.dead_lettered",
         "dbfanout.commit_to_handler",
         "dbfanout.events_handled",
@@ -94,7 +96,14 @@ def test_the_alert_and_workbook_queries_read_metrics_the_code_emits() -> None:
 def test_every_alert_goes_to_the_one_action_group_with_the_parameters_receivers() -> None:
     text = ALERTS.read_text(encoding="utf-8")
     rules = re.findall(r"^resource (\w+) '(Microsoft\.Insights/(?:scheduledQueryRules|metricAlerts))@", text, re.M)
-    assert {name for name, _ in rules} == {"stallAlert", "lagAlert", "walAlert", "entityDlqAlert", "appDlqAlert"}
+    assert {name for name, _ in rules} == {
+        "stallAlert",
+        "lagAlert",
+        "refusingAlert",
+        "walAlert",
+        "entityDlqAlert",
+        "appDlqAlert",
+    }
     assert text.count("actionGroup.id") == len(rules) + 1  # each rule, and the output
     assert "emailAddress: alertEmail" in text and "serviceUri: alertWebhookUri" in text
     assert "if (p.kind == 'pg_logical')" in text  # the WAL alert only for pg_logical pollers
