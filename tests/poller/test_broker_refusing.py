@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from poller.backoff import METADATA_KEY, BackoffSchedule, SinkRefusals
 from poller.sink_servicebus import ServiceBusSink
+from poller.sink_storagequeue import StorageQueueSink
 from poller.source import SqlSource
 from poller.state_memory import MemoryStateStore
 from poller.sticky import StickyLease
@@ -30,9 +32,14 @@ from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.errors import BrokerRefusingError
 from shared.servicebus import QueueSender
+from shared.settings import StorageConnection
+from shared.storagequeue import StorageQueueSender, queue_service_client
 from shared.telemetry import metrics
 from tests.poller.conftest import FakeClock
 from tests.poller.tick_support import SourceTable, make_poller
+from tests.support.azurite import Azurite
+from tests.support.faultproxy import FaultProxy
+from tests.support.ports import wait_until
 
 # -- the schedule ------------------------------------------------------------------------------
 
@@ -246,3 +253,36 @@ def test_a_throttling_namespace_is_a_refusal_too(
         servicebus.faults.unthrottle()
         sink.close()
         fast.close()
+
+
+@pytest.mark.integration
+def test_an_unreachable_storage_queue_is_a_refusal_and_delivery_resumes(table: SourceTable, azurite: Azurite) -> None:
+    # Given a storage-queue poller that reaches Azurite's queue endpoint through a proxy
+    proxy = FaultProxy(azurite.queue_port)
+    conn = StorageConnection(
+        connection_string=azurite.connection_string.replace(f":{azurite.queue_port}/", f":{proxy.port}/")
+    )
+    name = f"sq-{uuid.uuid4().hex[:10]}"
+    queue = queue_service_client(conn, retry_total=0).get_queue_client(name)  # refusals surface at once
+    poller = make_poller(table.engine.url.render_as_string(), queue=name, batch_size=5, transport="storage-queue")
+    sink = StorageQueueSink(poller, StorageQueueSender(queue, create=True))
+    source, store = SqlSource(poller), MemoryStateStore("orders")
+    refusals = SinkRefusals("orders")
+    table.upsert(range(12))
+    try:
+        # When the account cannot be reached; Then the tick backs off, reason unreachable
+        proxy.go_down()
+        assert run_tick(poller, source, store, sink, owner_id="a", refusals=refusals).stop_reason == "sink_refusing"
+        snap = store.load()
+        assert snap is not None and snap.doc.checkpoint.position is None
+        assert snap.doc.checkpoint.metadata[METADATA_KEY]["reason"] == "unreachable"
+        # When it is back and the window passed; Then every row is sent and the refusal is over
+        proxy.come_up()
+        wait_until(lambda: refusals.wait_seconds() == 0, 5, "the backoff window to pass")
+        result = run_tick(poller, source, store, sink, owner_id="a", refusals=refusals)
+        assert result.stop_reason == "caught_up" and result.rows == 12
+        assert not refusals.refusing
+        assert queue.get_queue_properties().approximate_message_count == 3
+    finally:
+        proxy.close()
+        sink.close()
