@@ -139,7 +139,7 @@ def run_tick(
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
-            result = tick.drain(keeper, linger_until)
+            result = tick.drain_or_back_off(keeper, linger_until)
             if linger_until is not None and result.stop_reason in LINGERS_AFTER:
                 result = tick.linger(keeper, result, linger_until)
         tick.acknowledge(keeper.checkpoint)
@@ -266,6 +266,20 @@ class Tick:
             committer.close()
         return TickResult(self.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
 
+    def drain_or_back_off(self, keeper: LeaseKeeper, until: float | None) -> TickResult:
+        """A :meth:`drain`; in a lingering tick (``until`` set) a refusing broker is waited out
+        within the linger: after the backoff window the result says ``max_batches`` (rows wait:
+        the linger drains again at once), or ``sink_refusing`` when the window outlasts the linger.
+        Without ``until`` the refusal propagates (:func:`run_tick` backs off across ticks)."""
+        if until is None:
+            return self.drain(keeper)
+        try:
+            return self.drain(keeper, until)
+        except BrokerRefusingError as refused:
+            self.refused(keeper, refused)
+            reason: StopReason = "max_batches" if self.backoff_over(until) else "sink_refusing"
+            return TickResult(self.name, reason, fencing_token=keeper.fencing_token)
+
     def linger_deadline(self, next_occurrence: dt.datetime | None) -> float | None:
         """When a lingering tick must end (on ``monotonic``), or None when it must not linger."""
         budget = self.poller.linger_seconds
@@ -285,7 +299,9 @@ class Tick:
         snapshot's chunks) the next one starts at once, without waiting for the interval or a
         notification: a live change committed meanwhile waits for a page, not for the next timer.
         Each poll is a :meth:`drain` under the same lease (commits as usual; the background renewer
-        keeps the lease alive). Ends early on ``stop`` or a lost lease (raised, like a drain's).
+        keeps the lease alive). A refusing broker is waited out inside the linger
+        (:meth:`drain_or_back_off`). Ends early on ``stop``, a lost lease (raised, like a drain's)
+        or a backoff window that outlasts the linger.
         """
         base = self.poller.poll_interval_ms / 1000
         interval, rows, batches, nulls = base, caught_up.rows, caught_up.batches, caught_up.skipped_null_cursors
@@ -299,18 +315,12 @@ class Tick:
                     break
                 continue  # notify: nothing committed, so no query
             keeper.check()  # the renewer saw the lease go: stop before fetching for someone else
-            try:
-                result = self.drain(keeper, until)
-            except BrokerRefusingError as refused:
-                self.refused(keeper, refused)
-                if not self.backoff_over(until):
-                    reason = "sink_refusing"
-                    break
-                reason = "max_batches"  # rows are waiting: try again without waiting for the interval
-                continue
+            result = self.drain_or_back_off(keeper, until)
             rows, batches = rows + result.rows, batches + result.batches
             nulls, reason = max(nulls, result.skipped_null_cursors), result.stop_reason
             interval = base if result.rows else min(interval * 2, base * IDLE_BACKOFF)
+            if reason == "sink_refusing":
+                break  # the broker's backoff window outlasts the linger: the next tick retries
         return TickResult(self.name, reason, rows, batches, keeper.fencing_token, nulls)
 
     def _wait(self, interval: float, remaining: float) -> bool:

@@ -286,3 +286,30 @@ def test_an_unreachable_storage_queue_is_a_refusal_and_delivery_resumes(table: S
     finally:
         proxy.close()
         sink.close()
+
+
+@pytest.mark.integration
+def test_a_lingering_tick_waits_a_refusal_out_within_its_linger(
+    table: SourceTable, servicebus: Emulator, client: ServiceBusClient
+) -> None:
+    # Given a lingering poller whose next two sends the broker refuses (ServerBusy, no SDK retry)
+    queue = unique_queue(servicebus, "linger")
+    poller = make_poller(table.engine.url.render_as_string(), queue=queue, batch_size=5, linger_seconds=8.0)
+    fast = ServiceBusClient.from_connection_string(servicebus.connection_string, retry_total=0)
+    sink = ServiceBusSink(poller, QueueSender(fast, queue))
+    source, store = SqlSource(poller), MemoryStateStore("orders")
+    refusals = SinkRefusals("orders", rng=random.Random(4))
+    table.upsert(range(10))
+    servicebus.faults.reject_next_sends(2)
+    try:
+        # When one tick runs; Then it backs off twice inside its linger and delivers every row
+        result = run_tick(poller, source, store, sink, owner_id="a", refusals=refusals)
+        assert result.rows == 10, result
+        assert servicebus.faults.send_counts(queue) == {"accepted": 2, "refused": 2}
+        assert not refusals.refusing
+        snap = store.load()
+        assert snap is not None and snap.doc.checkpoint.position is not None
+        assert snap.doc.checkpoint.position.pk["id"] == 9 and METADATA_KEY not in snap.doc.checkpoint.metadata
+    finally:
+        sink.close()
+        fast.close()
