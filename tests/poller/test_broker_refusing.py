@@ -37,6 +37,7 @@ from shared.storagequeue import StorageQueueSender, queue_service_client
 from shared.telemetry import metrics
 from tests.poller.conftest import FakeClock
 from tests.poller.tick_support import SourceTable, make_poller
+from tests.support import otel
 from tests.support.azurite import Azurite
 from tests.support.faultproxy import FaultProxy
 from tests.support.ports import wait_until
@@ -311,5 +312,45 @@ def test_a_lingering_tick_waits_a_refusal_out_within_its_linger(
         assert snap is not None and snap.doc.checkpoint.position is not None
         assert snap.doc.checkpoint.position.pk["id"] == 9 and METADATA_KEY not in snap.doc.checkpoint.metadata
     finally:
+        sink.close()
+        fast.close()
+
+
+@pytest.mark.integration
+def test_refused_sends_are_exported_by_reason_and_the_gauge_follows_the_refusal(
+    table: SourceTable, servicebus: Emulator
+) -> None:
+    # Given the OpenTelemetry SDK, and a throttled queue
+    otel.install()
+    poller_name = f"p-{uuid.uuid4().hex[:8]}"
+    queue = unique_queue(servicebus, "metrics")
+    poller = make_poller(table.engine.url.render_as_string(), name=poller_name, queue=queue, batch_size=5)
+    fast = ServiceBusClient.from_connection_string(servicebus.connection_string, retry_total=0)
+    sink = ServiceBusSink(poller, QueueSender(fast, queue))
+    source, store = SqlSource(poller), MemoryStateStore(poller_name)
+    refusals = SinkRefusals(poller_name)
+    table.upsert(range(5))
+    servicebus.faults.throttle(queue)
+
+    def gauge() -> float | None:
+        found = [
+            p.value for attrs, p in otel.points().get("dbfanout.sink_refusing", []) if attrs == {"poller": poller_name}
+        ]
+        return found[-1] if found else None
+
+    try:
+        # When a tick is refused; Then one refused send is counted by reason, the gauge is 1,
+        # and no tick failure is counted (a refusal is not a failure)
+        assert run_tick(poller, source, store, sink, owner_id="a", refusals=refusals).stop_reason == "sink_refusing"
+        assert otel.total("dbfanout.sends_refused", poller=poller_name, reason="throttled") == 1
+        assert gauge() == 1
+        assert otel.total("dbfanout.failures", poller=poller_name) == 0
+        # When the broker accepts again; Then the gauge is 0
+        servicebus.faults.unthrottle()
+        wait_until(lambda: refusals.wait_seconds() == 0, 5, "the backoff window to pass")
+        assert run_tick(poller, source, store, sink, owner_id="a", refusals=refusals).rows == 5
+        assert gauge() == 0
+    finally:
+        servicebus.faults.unthrottle()
         sink.close()
         fast.close()
