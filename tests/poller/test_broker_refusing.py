@@ -147,6 +147,52 @@ def test_a_queue_that_drains_slowly_continues_the_refusal_with_its_backoff_start
     assert refusals.wait_seconds() <= 1.0 and refusals.refusing
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@given(st.lists(st.sampled_from(["refused", "accepted", "tick_ended", "wait"]), max_size=60))
+def test_any_sequence_warns_once_per_episode_and_ends_each_once(ops: list[str]) -> None:
+    # Given any sequence of refused sends, accepted sends, tick ends and waits
+    mono = Monotonic()
+    refusals = SinkRefusals("p-any", monotonic=mono, clock=FakeClock(), rng=random.Random(5))
+    logger, handler = logging.getLogger("dbfanout.poller.backoff"), _Records()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    refusing = progressed = False
+    starts = ends = 0
+    try:
+        for op in ops:
+            if op == "refused":
+                starts += not refusing
+                refusing, progressed = True, False
+                refusals.refused(_refusal())
+            elif op == "accepted":
+                progressed = progressed or refusing
+                refusals.accepted(5)
+            elif op == "tick_ended":
+                if refusing and progressed:
+                    refusing, progressed, ends = False, False, ends + 1
+                refusals.tick_ended(caught_up=True)
+            else:
+                mono.now += refusals.wait_seconds()
+            # Then the state follows the model, and a wait never exceeds the cap
+            assert refusals.refusing == refusing
+            assert refusals.wait_seconds() <= refusals.schedule.cap
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    # And each episode logged one WARNING at its start and one INFO line at its end
+    assert len([r for r in handler.records if r.levelno == logging.WARNING]) == starts
+    assert len([r for r in handler.records if "accepts sends again" in r.getMessage()]) == ends
+
+
 # -- the tick, against the emulator ------------------------------------------------------------
 
 
