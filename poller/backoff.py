@@ -206,6 +206,18 @@ class SinkRefusals:
             ),
         )
 
+    def forget(self) -> None:
+        """Another instance holds the lease now: this process sends nothing for the poller, so its
+        refusal (and gauge) ends here without a line; the holder keeps its own (or adopts the
+        persisted one)."""
+        with self._lock:
+            known = self._refusal is not None or self._adopted is not None
+            self._refusal, self._adopted, self._rows, self._progressed = None, None, 0, False
+            self._refused_sends = 0
+        if known:
+            metrics.sink_refusing.record(0, {"poller": self.poller})
+            log.debug("another instance holds the lease; its sends are its own", extra=ids(poller=self.poller))
+
     def metadata(self) -> dict[str, Any]:
         """The refusal as persisted in ``checkpoint.metadata[METADATA_KEY]`` (empty when none)."""
         with self._lock:

@@ -130,6 +130,7 @@ def run_tick(
         return TickResult(poller.name, "sink_refusing")
     keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
     if keeper is None:
+        refusals.forget()  # the holder sends (and backs off) for this poller now
         return TickResult(poller.name, "lease_held")
     refusals.adopt(keeper.checkpoint.metadata)
     if linger_until is not None and waker is not None:

@@ -400,3 +400,14 @@ def test_refused_sends_are_exported_by_reason_and_the_gauge_follows_the_refusal(
         servicebus.faults.unthrottle()
         sink.close()
         fast.close()
+
+
+def test_a_process_that_lost_the_lease_forgets_its_refusal_and_its_gauge() -> None:
+    refusals = SinkRefusals("p-forget", monotonic=Monotonic())
+    refusals.refused(_refusal())
+    assert metrics.sink_refusing.get({"poller": "p-forget"}) == 1
+    # When another instance holds the lease (the tick's lease_held outcome)
+    refusals.forget()
+    # Then this process no longer reports a refusal it cannot see end
+    assert not refusals.refusing and refusals.wait_seconds() == 0
+    assert metrics.sink_refusing.get({"poller": "p-forget"}) == 0
