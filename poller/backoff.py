@@ -9,11 +9,11 @@ accepted past it) and hands the refusal to the poller's :class:`SinkRefusals`, w
   (:class:`BackoffSchedule`: 1 s, 2 s, 4 s ... up to 30 s, each drawn from its upper half);
   a timer tick inside that window returns at once — no lease request, no source read, no
   storage write — and a lingering tick waits the window out when it ends before the linger does;
-* logs the condition once at WARNING (later refusals at DEBUG) and, when a send is accepted
-  again, one INFO line with how long it lasted, the attempts and the rows the recovering tick
-  sent (they had waited);
-* sets the gauge ``dbfanout.sink_refusing`` (1 with its reason, 0 again at the end) and counts
-  every refused send in ``dbfanout.sends_refused``;
+* logs the condition once at WARNING (later refusals at DEBUG) and, when a tick ends whose
+  sends were accepted again, one INFO line with how long it lasted, the sends refused meanwhile
+  and the rows accepted since it began (they had waited);
+* sets the gauge ``dbfanout.sink_refusing`` (1 while it lasts, 0 again at the end) and counts
+  every refused send in ``dbfanout.sends_refused`` (with its ``reason``);
 * persists the state once per refusal, at its start: the state blob's ``checkpoint.metadata``
   gets ``sink_refusing`` (since, reason, error) in one CAS write that keeps the position. The
   next accepted page's commit replaces the metadata, which ends it. ``dbfanout status`` reads it
@@ -21,7 +21,8 @@ accepted past it) and hands the refusal to the poller's :class:`SinkRefusals`, w
   warn again, and it reports the end with the refusal's whole duration.
 
 The backoff itself lives in process memory (per poller runtime): a new process tries once at
-its first tick, then backs off on its own.
+its first tick, then backs off on its own; a process that finds the lease held elsewhere
+forgets its refusal (the holder reports it).
 """
 
 from __future__ import annotations
