@@ -10,6 +10,7 @@ from collections.abc import Callable
 import azure.functions as func
 
 from poller.runtime import Runtimes
+from poller.tick_summary import TickSummary
 from shared.config import Config
 from shared.errors import PositionLostError
 from shared.logs import get_logger, ids
@@ -83,6 +84,7 @@ class _LastingCondition:
 
 def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], None]:
     lasting = _LastingCondition(poller)
+    summary = TickSummary(poller)  # idle ticks log at DEBUG; one INFO summary every few minutes
 
     def tick(timer: func.TimerRequest) -> None:
         # A timer function must return None: the Python worker rejects other values.
@@ -95,10 +97,7 @@ def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], Non
         lasting.ran()
         if result.stop_reason in _RAN:  # this instance ran the tick to its end: the poller is alive
             metrics.last_success_timestamp.record(time.time(), {"poller": poller})
-        log.info(
-            "tick done",
-            extra=ids(poller=poller, stop_reason=result.stop_reason, rows=result.rows, batches=result.batches),
-        )
+        summary.tick_done(result.stop_reason, result.rows, result.batches)
 
     tick.__name__ = timer_function_name(poller)
     return tick

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from azure.servicebus import ServiceBusClient
 
+from poller.backoff import SinkRefusals
 from poller.ports import Sink, Source, StateStore
 from poller.sink_queue import ClaimCheckHook
 from poller.sink_servicebus import ServiceBusSink
@@ -62,6 +63,7 @@ class PollerRuntime:
         self._stopping = threading.Event()
         self._waker: NotifyWaker | None = None
         self._lock = threading.Lock()  # one tick at a time in this process
+        self.refusals = SinkRefusals(self.poller.name)  # a refusing broker's backoff, across ticks
 
     @property
     def source(self) -> Source:
@@ -126,6 +128,7 @@ class PollerRuntime:
                 next_occurrence=next_occurrence,
                 stop=self._stopping,
                 waker=self.waker,
+                refusals=self.refusals,
             )
 
     @property

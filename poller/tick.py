@@ -16,8 +16,10 @@ write, in order, on the thread that wrote it; what may wait for the tick's last 
 :meth:`Tick.acknowledge`.
 
 Failure branches name their window (W1-W7, see the operations guide). Ordinary outcomes (lease
-held elsewhere, lease lost mid-tick, caught up) are results; failures that need attention raise
-after the lease was released.
+held elsewhere, lease lost mid-tick, caught up, a broker refusing sends) are results; failures
+that need attention raise after the lease was released. A refusing broker (queue full,
+throttled, unreachable) is a state :mod:`poller.backoff` keeps: the tick backs off, keeps its
+checkpoint and its lease, and a tick inside the backoff window returns before any request.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 from zoneinfo import ZoneInfo
 
+from poller.backoff import METADATA_KEY, SinkRefusals
 from poller.committer import Committer
 from poller.events import page_batch
 from poller.lease import LeaseKeeper
@@ -42,7 +45,7 @@ from poller.prefetch import PageReader, Prefetcher, Sequential
 from poller.sticky import StickyLease
 from poller.wake import NotifyWaker
 from shared.config import PollerConfig
-from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
+from shared.errors import BrokerRefusingError, CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
 from shared.models import Batch, Checkpoint, Position
 from shared.telemetry import metrics, recording
@@ -51,7 +54,7 @@ __all__ = ["IDLE_BACKOFF", "LAG_ROWS_LIMIT", "LINGER_MARGIN", "Tick", "TickResul
 
 log = get_logger("poller.tick")
 
-StopReason = Literal["caught_up", "max_batches", "time_budget", "lease_held", "lease_lost"]
+StopReason = Literal["caught_up", "max_batches", "time_budget", "lease_held", "lease_lost", "sink_refusing"]
 
 #: A lingering tick ends this long before the timer's next occurrence (seconds): a timer whose
 #: function still runs when it is due skips that occurrence.
@@ -100,6 +103,7 @@ def run_tick(
     next_occurrence: dt.datetime | None = None,
     stop: threading.Event | None = None,
     waker: NotifyWaker | None = None,
+    refusals: SinkRefusals | None = None,
 ) -> TickResult:
     """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing).
 
@@ -113,12 +117,22 @@ def run_tick(
     timer's next firing, when known), whichever comes first; ``stop`` cuts it short (shutdown).
     With ``waker`` (``wake = "notify"``) the linger waits for a commit's notification instead of
     polling; it listens before the tick's first fetch, so a commit in between is not missed.
+
+    ``refusals`` (the process's :class:`~poller.backoff.SinkRefusals` for this poller) carries a
+    refusing broker's backoff across ticks: a tick inside its window returns ``sink_refusing``
+    at once (a lingering one waits the window out when it ends in time). Without it each tick
+    starts with no backoff.
     """
-    tick = Tick(poller, source, sink, clock, monotonic, stop=stop, waker=waker)
+    refusals = refusals or SinkRefusals(poller.name, monotonic=monotonic, clock=clock)
+    tick = Tick(poller, source, sink, clock, monotonic, stop=stop, waker=waker, refusals=refusals)
     linger_until = tick.linger_deadline(next_occurrence)
+    if not tick.backoff_over(linger_until):
+        return TickResult(poller.name, "sink_refusing")
     keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
     if keeper is None:
+        refusals.forget()  # the holder sends (and backs off) for this poller now
         return TickResult(poller.name, "lease_held")
+    refusals.adopt(keeper.checkpoint.metadata)
     if linger_until is not None and waker is not None:
         waker.listen()  # before the first fetch: a commit in between still wakes the linger
     failed = True
@@ -126,10 +140,11 @@ def run_tick(
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
         # It writes only when a third of the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
-            result = tick.drain(keeper, linger_until)
+            result = tick.drain_or_back_off(keeper, linger_until)
             if linger_until is not None and result.stop_reason in LINGERS_AFTER:
                 result = tick.linger(keeper, result, linger_until)
         tick.acknowledge(keeper.checkpoint)
+        refusals.tick_ended(caught_up=result.stop_reason == "caught_up")
         if recording():  # a count query only when the metric is exported, and only when behind
             tick.observe_lag_rows(result, keeper.checkpoint)
         failed = False
@@ -141,6 +156,10 @@ def run_tick(
             extra=ids(poller=poller.name, window="W4", fencing_token=keeper.fencing_token),
         )
         return TickResult(poller.name, "lease_lost", fencing_token=keeper.fencing_token)
+    except BrokerRefusingError as refused:
+        failed = False  # a state, not a failure: keep the lease (no release, no re-acquire per attempt)
+        tick.refused(keeper, refused)
+        return TickResult(poller.name, "sink_refusing", fencing_token=keeper.fencing_token)
     finally:
         if lease is None:
             tick.release(keeper)
@@ -164,8 +183,10 @@ class Tick:
         *,
         stop: threading.Event | None = None,
         waker: NotifyWaker | None = None,
+        refusals: SinkRefusals | None = None,
     ) -> None:
         self.poller = poller
+        self.refusals = refusals or SinkRefusals(poller.name, monotonic=monotonic, clock=clock)
         self.stop = stop or threading.Event()
         self.waker = waker
         self.name = poller.name
@@ -246,6 +267,20 @@ class Tick:
             committer.close()
         return TickResult(self.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
 
+    def drain_or_back_off(self, keeper: LeaseKeeper, until: float | None) -> TickResult:
+        """A :meth:`drain`; in a lingering tick (``until`` set) a refusing broker is waited out
+        within the linger: after the backoff window the result says ``max_batches`` (rows wait:
+        the linger drains again at once), or ``sink_refusing`` when the window outlasts the linger.
+        Without ``until`` the refusal propagates (:func:`run_tick` backs off across ticks)."""
+        if until is None:
+            return self.drain(keeper)
+        try:
+            return self.drain(keeper, until)
+        except BrokerRefusingError as refused:
+            self.refused(keeper, refused)
+            reason: StopReason = "max_batches" if self.backoff_over(until) else "sink_refusing"
+            return TickResult(self.name, reason, fencing_token=keeper.fencing_token)
+
     def linger_deadline(self, next_occurrence: dt.datetime | None) -> float | None:
         """When a lingering tick must end (on ``monotonic``), or None when it must not linger."""
         budget = self.poller.linger_seconds
@@ -265,7 +300,9 @@ class Tick:
         snapshot's chunks) the next one starts at once, without waiting for the interval or a
         notification: a live change committed meanwhile waits for a page, not for the next timer.
         Each poll is a :meth:`drain` under the same lease (commits as usual; the background renewer
-        keeps the lease alive). Ends early on ``stop`` or a lost lease (raised, like a drain's).
+        keeps the lease alive). A refusing broker is waited out inside the linger
+        (:meth:`drain_or_back_off`). Ends early on ``stop``, a lost lease (raised, like a drain's)
+        or a backoff window that outlasts the linger.
         """
         base = self.poller.poll_interval_ms / 1000
         interval, rows, batches, nulls = base, caught_up.rows, caught_up.batches, caught_up.skipped_null_cursors
@@ -279,10 +316,12 @@ class Tick:
                     break
                 continue  # notify: nothing committed, so no query
             keeper.check()  # the renewer saw the lease go: stop before fetching for someone else
-            result = self.drain(keeper, until)
+            result = self.drain_or_back_off(keeper, until)
             rows, batches = rows + result.rows, batches + result.batches
             nulls, reason = max(nulls, result.skipped_null_cursors), result.stop_reason
             interval = base if result.rows else min(interval * 2, base * IDLE_BACKOFF)
+            if reason == "sink_refusing":
+                break  # the broker's backoff window outlasts the linger: the next tick retries
         return TickResult(self.name, reason, rows, batches, keeper.fencing_token, nulls)
 
     def _wait(self, interval: float, remaining: float) -> bool:
@@ -321,7 +360,38 @@ class Tick:
         """Hand the batch to the sink; returns only when every message was accepted."""
         with _stage("send", self.name):
             self.sink.send(batch)
+        self.refusals.accepted(len(batch.events))
         log.info("batch enqueued", extra=ids(poller=self.name, batch_id=batch.batch_id, events=len(batch.events)))
+
+    def backoff_over(self, until: float | None) -> bool:
+        """Whether a send may be tried now: no backoff, or its window ended (a lingering tick,
+        ``until`` its end, waits for the window when it ends first; a stop cuts the wait)."""
+        wait = self.refusals.wait_seconds()
+        if wait <= 0:
+            return True
+        if until is None or self.monotonic() + wait >= until:
+            keys = ids(poller=self.name, retry_in_seconds=round(wait, 1))
+            log.debug("the broker refuses sends; backing off", extra=keys)
+            return False
+        return not self.stop.wait(wait)
+
+    def refused(self, keeper: LeaseKeeper, refused: BrokerRefusingError) -> None:
+        """The broker refused a send: back off; a refusal that starts here is written to the state
+        blob once (``checkpoint.metadata``, same position) for ``dbfanout status`` and other processes."""
+        if not self.refusals.refused(refused):
+            return
+        checkpoint = keeper.checkpoint
+        marked = Checkpoint(
+            position=checkpoint.position,
+            last_successful_batch_id=checkpoint.last_successful_batch_id,
+            updated_at=checkpoint.updated_at,
+            metadata={**checkpoint.metadata, METADATA_KEY: self.refusals.metadata()},
+        )
+        try:
+            with _stage("commit", self.name):
+                keeper.commit(marked)
+        except Exception as exc:  # the state is for status only: backing off does not depend on it
+            log.warning("could not record the refusal in the state blob: %r", exc, extra=ids(poller=self.name))
 
     def checkpoint_after(self, batch: Batch, page: Page) -> Checkpoint:
         """The checkpoint past ``page`` (to write once the sink accepted it)."""
@@ -455,9 +525,14 @@ class Tick:
 
 @contextmanager
 def _stage(stage: str, poller: str) -> Iterator[None]:
-    """Count a failure of this step by stage (the metric operators alert on); errors propagate."""
+    """Count a failure of this step by stage (the metric operators alert on); errors propagate.
+
+    A refusing broker is counted by ``dbfanout.sends_refused`` instead (:mod:`poller.backoff`).
+    """
     try:
         yield
+    except BrokerRefusingError:
+        raise
     except Exception:
         metrics.failures.add(1, {"stage": stage, "poller": poller})
         raise

@@ -16,6 +16,16 @@ EmulatorError
 
 from __future__ import annotations
 
+import datetime as dt
+import uuid
+
+#: What Service Bus says when it throttles (ServerBusy, error code 50009); the SDK raises
+#: ``ServiceBusServerBusyError`` with it.
+SERVER_BUSY_TEXT = (
+    "The request was terminated because the entity is being throttled. Error code : 50009. "
+    "Please wait 2 seconds and try again."
+)
+
 
 class EmulatorError(Exception):
     """Base of every emulator error."""
@@ -52,11 +62,28 @@ class MessageSizeExceededError(BrokerError, condition="amqp:link:message-size-ex
 
 
 class QuotaExceededError(BrokerError, condition="amqp:resource-limit-exceeded", status_code=403):
-    """The queue holds MaxSizeInMegabytes already: receive messages or raise the limit."""
+    """The queue holds MaxSizeInMegabytes already: receive messages or raise the limit.
+
+    :func:`quota_exceeded_text` words it as Service Bus does (QuotaExceededException).
+    """
+
+
+def quota_exceeded_text(entity: str, size: int, limit: int) -> str:
+    """Service Bus's description of a full entity: ``entity`` is a queue or a subscription
+    (``topic/Subscriptions/name``: a topic's quota is the topic's)."""
+    topic, sep, _ = entity.partition("/Subscriptions/")
+    kind, name = ("Topic", topic) if sep else ("Queue", entity)
+    return (
+        f"The maximum entity size has been reached or exceeded for {kind}: '{name}'. "
+        f"Size of entity in bytes:{size}, Max entity size in bytes: {limit}. "
+        "For more information please see https://aka.ms/ServiceBusExceptions . "
+        f"TrackingId:{uuid.uuid4()}, SystemTracker:{name}, "
+        f"Timestamp:{dt.datetime.now(dt.UTC):%m/%d/%Y %I:%M:%S %p}"
+    )
 
 
 class ServerBusyError(BrokerError, condition="com.microsoft:server-busy", status_code=503):
-    """Injected by ``Emulator.faults``; the SDK retries it."""
+    """Injected by ``Emulator.faults`` (with :data:`SERVER_BUSY_TEXT`); the SDK retries it."""
 
 
 class MessageLockLostError(BrokerError, condition="com.microsoft:message-lock-lost", status_code=410):

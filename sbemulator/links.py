@@ -338,10 +338,16 @@ class LinkHandler:
             link.flow(INCOMING_CREDIT - link.credit)
 
     def _produce(self, role: Producer, data: bytes) -> None:
-        fault = self.faults.take_send_fault()
-        if fault is not None:
-            raise fault
-        self.broker.send(role.path, parse_transfer(data), len(data))
+        entity = role.path.queue
+        try:
+            fault = self.faults.take_send_fault(entity)
+            if fault is not None:
+                raise fault
+            self.broker.send(role.path, parse_transfer(data), len(data))
+        except BrokerError:
+            self.faults.count_send(entity, accepted=False)
+            raise
+        self.faults.count_send(entity, accepted=True)
 
     def _request(self, link: Link, role: RequestLink, data: bytes) -> None:
         request = Message()

@@ -28,6 +28,7 @@ from sbemulator.errors import (
     MessageNotFoundError,
     MessageSizeExceededError,
     QuotaExceededError,
+    quota_exceeded_text,
 )
 from sbemulator.sessions import SessionTable
 
@@ -372,7 +373,4 @@ class Queue:
 
     def _check_quota(self, size: int) -> None:
         if self.bytes + size > self.props.max_size_bytes:
-            raise QuotaExceededError(
-                f"queue '{self.name}' holds {self.bytes} bytes and its quota is {self.props.max_size_bytes}"
-                " bytes (MaxSizeInMegabytes); receive messages or raise the quota"
-            )
+            raise QuotaExceededError(quota_exceeded_text(self.name, self.bytes + size, self.props.max_size_bytes))

@@ -21,13 +21,17 @@ the operations guide) they belong to.
     ├── CommitError                 the checkpoint write failed (W1)
     │   └── CommitAmbiguousError    the write may or may not have landed (W5)
     ├── EnqueueError                the broker did not accept every message of a batch
+    │   ├── BrokerRefusingError     the broker refuses for now: queue full, throttled, unreachable
     │   └── OversizeRowError        one row does not fit in a message
     └── HandlerError                a user handler raised
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 __all__ = [
+    "BrokerRefusingError",
     "CommitAmbiguousError",
     "CommitError",
     "ConfigError",
@@ -42,6 +46,7 @@ __all__ = [
     "LostLeaseError",
     "OversizeRowError",
     "PositionLostError",
+    "RefusalReason",
     "SerializationError",
     "SourceError",
     "StateError",
@@ -182,6 +187,31 @@ class EnqueueError(DbFanoutError):
 
     retryable = True
     hint = "check the Service Bus namespace, the queue name and the identity's Data Sender role"
+
+
+#: Why a broker refuses sends for now (:class:`BrokerRefusingError`).
+RefusalReason = Literal["queue_full", "throttled", "unreachable"]
+
+_REFUSAL_HINTS: dict[str, str] = {
+    "queue_full": "the queue (or topic) reached its maximum size: are the workers running? receive messages "
+    "or raise MaxSizeInMegabytes; the poller backs off and resumes by itself, losing nothing",
+    "throttled": "the namespace throttles requests (ServerBusy): the poller backs off and resumes by itself; "
+    "if it lasts, move to a larger tier or more messaging units",
+    "unreachable": "the broker cannot be reached (connection refused or reset, timeout): check the namespace "
+    "(or storage account), DNS and the network; the poller backs off and resumes by itself",
+}
+
+
+class BrokerRefusingError(EnqueueError):
+    """Raised when the broker refuses sends for a while (queue full, throttled, unreachable).
+
+    A state rather than a failure: the poller backs off (:mod:`poller.backoff`), keeps its
+    checkpoint and resumes by itself; ``reason`` says which condition it is.
+    """
+
+    def __init__(self, message: str, reason: RefusalReason) -> None:
+        self.reason: RefusalReason = reason
+        super().__init__(message, hint=_REFUSAL_HINTS[reason])
 
 
 class OversizeRowError(EnqueueError):

@@ -13,10 +13,15 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSend
 from azure.servicebus.exceptions import (
     MessageSizeExceededError,
     MessagingEntityNotFoundError,
+    OperationTimeoutError,
+    ServiceBusCommunicationError,
+    ServiceBusConnectionError,
     ServiceBusError,
+    ServiceBusQuotaExceededError,
+    ServiceBusServerBusyError,
 )
 
-from shared.errors import EnqueueError, OversizeRowError
+from shared.errors import BrokerRefusingError, EnqueueError, OversizeRowError
 from shared.logs import get_logger, ids
 from shared.messages import OutgoingMessage
 from shared.settings import ServiceBusConnection, Settings, servicebus_connection
@@ -70,7 +75,10 @@ class LazyServiceBusClient:
 def bus_errors(op: str, queue: str, *, kind: EntityKind = "queue") -> Iterator[None]:
     """Map SDK errors to EnqueueError (and OversizeRowError), ``from`` the original.
 
-    ``kind`` names the entity in the messages (``"topic"`` for a topic poller's sends).
+    A broker that refuses for now — the entity is full (QuotaExceeded), the namespace throttles
+    (ServerBusy), or it cannot be reached — raises :class:`BrokerRefusingError`, which the poller
+    treats as a state to back off from rather than a failure. ``kind`` names the entity in the
+    messages (``"topic"`` for a topic poller's sends).
     """
     try:
         yield
@@ -81,10 +89,18 @@ def bus_errors(op: str, queue: str, *, kind: EntityKind = "queue") -> Iterator[N
             f"{op}: {kind} {queue} does not exist",
             hint=f"create the {kind} (infra/ does, one per poller) or fix the poller's {kind} key",
         ) from exc
+    except ServiceBusQuotaExceededError as exc:
+        raise BrokerRefusingError(f"{op} to {kind} {queue} refused: the {kind} is full: {exc}", "queue_full") from exc
+    except ServiceBusServerBusyError as exc:
+        raise BrokerRefusingError(f"{op} to {kind} {queue} refused: the broker is busy: {exc}", "throttled") from exc
+    except (ServiceBusConnectionError, ServiceBusCommunicationError, OperationTimeoutError) as exc:
+        message = f"{op} to {kind} {queue} failed: the broker is unreachable: {type(exc).__name__}: {exc}"
+        raise BrokerRefusingError(message, "unreachable") from exc
     except ServiceBusError as exc:
         raise EnqueueError(f"{op} to {kind} {queue} failed: {type(exc).__name__}: {exc}") from exc
     except (OSError, TimeoutError) as exc:
-        raise EnqueueError(f"{op} to {kind} {queue} failed: {type(exc).__name__}: {exc}") from exc
+        message = f"{op} to {kind} {queue} failed: the broker is unreachable: {type(exc).__name__}: {exc}"
+        raise BrokerRefusingError(message, "unreachable") from exc
 
 
 def to_sdk_message(message: OutgoingMessage) -> ServiceBusMessage:

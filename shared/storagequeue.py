@@ -18,10 +18,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 from azure.storage.queue import QueueClient, QueueServiceClient
 
-from shared.errors import EnqueueError
+from shared.errors import BrokerRefusingError, EnqueueError
 from shared.messages import OutgoingMessage
 from shared.settings import StorageConnection
 
@@ -70,11 +77,24 @@ def queue_service_client(conn: StorageConnection, **kwargs: Any) -> QueueService
 
 @contextmanager
 def queue_errors(op: str, queue: str) -> Iterator[None]:
-    """Map storage SDK errors to EnqueueError, ``from`` the original (messages hold no keys)."""
+    """Map storage SDK errors to EnqueueError, ``from`` the original (messages hold no keys).
+
+    The service throttling (503 ServerBusy, 500 OperationTimedOut) or unreachable (no
+    connection, a reset, a timeout) raises :class:`BrokerRefusingError`: the poller backs off.
+    """
     try:
         yield
     except ResourceNotFoundError as exc:
         raise EnqueueError(f"{op}: storage queue {queue} does not exist", hint="create it (infra/ does)") from exc
+    except (ServiceRequestError, ServiceResponseError) as exc:
+        message = f"{op} to storage queue {queue} failed: the storage account is unreachable: {type(exc).__name__}"
+        raise BrokerRefusingError(message, "unreachable") from exc
+    except HttpResponseError as exc:
+        code = getattr(exc, "error_code", None)
+        if exc.status_code in (500, 503) and code in ("ServerBusy", "OperationTimedOut"):
+            message = f"{op} to storage queue {queue} refused: the account is busy ({code})"
+            raise BrokerRefusingError(message, "throttled") from exc
+        raise EnqueueError(f"{op} to storage queue {queue} failed: {type(exc).__name__}") from exc
     except AzureError as exc:
         raise EnqueueError(f"{op} to storage queue {queue} failed: {type(exc).__name__}") from exc
 

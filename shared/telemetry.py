@@ -64,12 +64,22 @@ class Metrics:
     lag_wal_bytes: LatestValue  # observable gauge, pg_logical pollers: WAL not yet delivered
     wal_headroom_bytes: LatestValue  # observable gauge, pg_logical pollers: WAL left before the slot is lost
     lag_rows: LatestValue  # observable gauge, keyset and outbox pollers: rows not yet sent (bounded)
+    sink_refusing: LatestValue  # observable gauge: 1 while the broker refuses sends (with ``reason``), else 0
+    sends_refused: otel_metrics.Counter  # sends the broker refused (queue full, throttled, unreachable)
 
 
 def _build() -> Metrics:
     meter = otel_metrics.get_meter("dbfanout")
     last_success, retained_wal, lag_wal, lag_rows = LatestValue(), LatestValue(), LatestValue(), LatestValue()
     wal_headroom = LatestValue()
+    sink_refusing = LatestValue()
+    meter.create_observable_gauge(
+        "dbfanout.sink_refusing",
+        callbacks=[sink_refusing.observe],
+        unit="1",
+        description="1 while the broker refuses the poller's sends (queue full, throttled, unreachable) and the "
+        "poller backs off, 0 once it accepts again; attribute reason",
+    )
     meter.create_observable_gauge(
         "dbfanout.last_success_timestamp",
         callbacks=[last_success.observe],
@@ -134,6 +144,13 @@ def _build() -> Metrics:
         lag_wal_bytes=lag_wal,
         wal_headroom_bytes=wal_headroom,
         lag_rows=lag_rows,
+        sink_refusing=sink_refusing,
+        sends_refused=meter.create_counter(
+            "dbfanout.sends_refused",
+            unit="{send}",
+            description="sends the broker refused (attribute reason: queue_full, throttled, unreachable); "
+            "ticks inside the backoff window send nothing and count nothing",
+        ),
     )
 
 

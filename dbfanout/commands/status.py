@@ -23,7 +23,14 @@ from dbfanout.commands.common import (
     reporting_errors,
 )
 from dbfanout.ops.bus import bus_client
-from dbfanout.ops.status import poller_status, queue_depth, snapshot_line, storage_queue_depth, topic_depth
+from dbfanout.ops.status import (
+    poller_status,
+    queue_depth,
+    sink_refusing_line,
+    snapshot_line,
+    storage_queue_depth,
+    topic_depth,
+)
 from shared.codec import dumps
 from shared.config import Config
 
@@ -65,6 +72,8 @@ def collect(config: Config, only: str | None) -> list[dict[str, Any]]:
 
 
 def _healthy(row: dict[str, Any]) -> bool:
+    if row.get("sink_refusing"):
+        return False  # the broker refuses its sends: nothing is delivered meanwhile
     return not any(k in row for k in ("state_error", "source_error")) and row.get("fingerprint_match", True)
 
 
@@ -107,6 +116,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             queue = _subscription_lines(row)
         problems = "; ".join(str(row[k]) for k in ("state", "state_error", "source_error") if k in row)
         problems += f"; {depth['error']}" if "error" in depth else ""
+        if row.get("sink_refusing"):
+            problems += ("; " if problems else "") + f"[red]{sink_refusing_line(row['sink_refusing'])}[/]"
         table.add_row(
             row["poller"],
             where,
@@ -137,7 +148,7 @@ def status_command(
     config: ConfigOption = None,
 ) -> None:
     """Show where each poller stands (a topic poller: each subscription's active and dead-letter count).
-    Exit 1 when a poller's state, source or fingerprint is not healthy."""
+    Exit 1 when a poller's state, source or fingerprint is not healthy, or its broker refuses sends."""
     with reporting_errors():
         cfg = load(config)
         if poller:

@@ -15,6 +15,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from dbfanout.ops.status import sink_refusing_line
+
 __all__ = ["checkpoint_rate", "live_table", "watch_live"]
 
 Rows = list[dict[str, Any]]
@@ -87,6 +89,8 @@ def live_table(rows: Rows, previous: Mapping[str, Mapping[str, Any]], seconds: f
         problems = "; ".join(str(row[k]) for k in ("state", "state_error", "source_error") if k in row)
         if row.get("fingerprint_match") is False:
             problems = "; ".join(p for p in (problems, "fingerprint MISMATCH") if p)
+        if row.get("sink_refusing"):
+            problems = "; ".join(p for p in (problems, sink_refusing_line(row["sink_refusing"])) if p)
         table.add_row(
             row["poller"],
             _lag(row),

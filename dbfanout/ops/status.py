@@ -24,6 +24,7 @@ from dbfanout.ops.bus import (
 )
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
+from poller.backoff import refusal_from_metadata
 from poller.engines import source_engine
 from poller.pg_logical import PgLogicalSource
 from poller.pg_slot import lost_error, read_slot
@@ -38,6 +39,8 @@ __all__ = [
     "PENDING_LIMIT",
     "poller_status",
     "queue_depth",
+    "sink_refusing",
+    "sink_refusing_line",
     "snapshot_line",
     "snapshot_progress",
     "storage_queue_depth",
@@ -106,6 +109,7 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
                 "renewed_at": lease.heartbeat_at.isoformat() if lease.owner_id and lease.heartbeat_at else None,
             }
             out["fingerprint_match"] = doc.source_fingerprint == source.fingerprint
+            out["sink_refusing"] = sink_refusing(doc.checkpoint.metadata, now)
             if position is not None and position.snapshot is not None:
                 out["snapshot"] = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
     except Exception as exc:  # storage down: still show the source side
@@ -125,6 +129,34 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     except Exception as exc:  # database down: still show the state side
         out["source_error"] = _error(exc)
     return out
+
+
+def sink_refusing(metadata: Mapping[str, Any], now: dt.datetime) -> dict[str, Any] | None:
+    """The broker's refusal the poller recorded (queue full, throttled, unreachable), or None.
+
+    ``{"reason", "since", "for_seconds", "error"}``: written once when the refusal started and
+    cleared by the next page the broker accepted; the poller backs off meanwhile.
+    """
+    refusal = refusal_from_metadata(metadata)
+    if refusal is None:
+        return None
+    since = refusal.get("since")
+    seconds = None
+    if isinstance(since, str):
+        try:
+            started = dt.datetime.fromisoformat(since)
+            seconds = round((now - started).total_seconds(), 1)
+        except (TypeError, ValueError):
+            pass
+    return {"reason": refusal["reason"], "since": since, "for_seconds": seconds, "error": refusal.get("error")}
+
+
+def sink_refusing_line(refusal: Mapping[str, Any]) -> str:
+    """:func:`sink_refusing` as one line: ``broker refusing (queue_full) since 2026-… (for 120 s), backing off``."""
+    text = f"broker refusing ({refusal['reason']}) since {str(refusal.get('since'))[:19]}"
+    if refusal.get("for_seconds") is not None:
+        text += f" (for {refusal['for_seconds']:.0f} s)"
+    return text + ", backing off; the checkpoint holds"
 
 
 def snapshot_progress(state: SnapshotState, landed_at: dt.datetime | None) -> dict[str, Any]:

@@ -7,6 +7,8 @@
 // - retained WAL: a pg_logical poller's slot holds more than retainedWalThresholdBytes;
 // - WAL headroom: a pg_logical poller's slot has used more than walKeepUsedPercent of
 //   max_slot_wal_keep_size (PostgreSQL invalidates it at the limit, and changes are lost);
+// - sink refusing: the broker has refused a poller's sends (queue full, throttled, unreachable)
+//   for refusingMinutes: dbfanout.sink_refusing stayed 1;
 // - dead letters: a queue's or topic's DeadletteredMessages > 0 (Service Bus metric, independent of
 //   the app's telemetry), and per subscription / storage queue dbfanout.events.dead_lettered > 0;
 // - a workbook: lag, throughput, commit -> handler latency, failures and dead letters per poller.
@@ -54,6 +56,11 @@ param stallIntervals int = 5
 @description('Default lag threshold in seconds (a poller may set lagThresholdSeconds).')
 @minValue(1)
 param lagThresholdSeconds int = 300
+
+@description('A poller alerts once the broker has refused its sends (queue full, throttled, unreachable) for this many minutes.')
+@minValue(5)
+@maxValue(1440)
+param refusingMinutes int = 15
 
 @description('Retained WAL (bytes) above which a pg_logical poller alerts.')
 @minValue(1048576)
@@ -155,6 +162,47 @@ resource lagAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = 
       allOf: [
         {
           query: format('customMetrics | where name == "dbfanout.lag" and tostring(customDimensions.poller) == "{0}" | summarize lag = max(valueMax) | where lag > {1}', p.name, contains(p, 'lagThresholdSeconds') ? p.lagThresholdSeconds : lagThresholdSeconds)
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: true
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}]
+
+// The broker refuses a poller's sends (queue full, throttled, unreachable): the poller backs off and
+// loses nothing, but delivers nothing either. dbfanout.sink_refusing is 1 while it lasts (exported
+// about once a minute); every report in the last refusingMinutes being 1 is the alert.
+resource refusingAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for p in pollers: {
+  name: 'dbfanout-refusing-${p.name}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'dbfanout poller ${p.name}: the broker refuses its sends'
+    description: 'The broker has refused the sends of poller ${p.name} for ${refusingMinutes} minutes (reason: queue_full, throttled or unreachable in customDimensions.reason of dbfanout.sends_refused). Nothing is lost; see the operations guide, The broker refuses, and dbfanout status ${p.name}.'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT${refusingMinutes}M'
+    criteria: {
+      allOf: [
+        {
+          query: format('customMetrics | where name == "dbfanout.sink_refusing" and tostring(customDimensions.poller) == "{0}" and timestamp > ago({1}m) | summarize low = min(valueMin), first = min(timestamp) | where low >= 1 and first < ago({2}m)', p.name, refusingMinutes, refusingMinutes - 2)
           timeAggregation: 'Count'
           operator: 'GreaterThan'
           threshold: 0
@@ -431,8 +479,8 @@ var workbookContent = {
       name: 'failures'
       content: {
         version: 'KqlItem/1.0'
-        title: 'Failures per poller: failed deliveries, and poller failures by stage'
-        query: 'customMetrics | where name in ("dbfanout.deliveries.failed", "dbfanout.failures") | extend poller = tostring(customDimensions.poller), what = iff(name == "dbfanout.failures", strcat("tick:", tostring(customDimensions.stage)), "delivery") | summarize failures = sum(valueSum) by bin(timestamp, 5m), series = strcat(poller, " ", what) | render timechart'
+        title: 'Failures per poller: failed deliveries, poller failures by stage, sends the broker refused by reason'
+        query: 'customMetrics | where name in ("dbfanout.deliveries.failed", "dbfanout.failures", "dbfanout.sends_refused") | extend poller = tostring(customDimensions.poller), what = case(name == "dbfanout.failures", strcat("tick:", tostring(customDimensions.stage)), name == "dbfanout.sends_refused", strcat("refused:", tostring(customDimensions.reason)), "delivery") | summarize failures = sum(valueSum) by bin(timestamp, 5m), series = strcat(poller, " ", what) | render timechart'
         size: 0
         queryType: 0
         resourceType: 'microsoft.insights/components'

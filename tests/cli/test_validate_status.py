@@ -9,11 +9,16 @@ from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
+from azure.servicebus import ServiceBusClient
 
 from dbfanout.ops.checks import max_delivery_check, needed_window_seconds, schedule_interval_seconds
+from poller.backoff import SinkRefusals
 from poller.source import SqlSource
+from poller.sources import open_source
+from poller.tick import run_tick
 from shared.config import PollerConfig
 from tests.cli.conftest import said
+from tests.support.ports import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +187,37 @@ def test_validate_tells_a_poller_whose_max_delivery_count_differs_from_its_queue
     check = max_delivery_check(poller, 3)
     assert check.status == "warn" and "set max_delivery_count = 3" in check.detail
     assert max_delivery_check(replace(poller, max_delivery_count=3), 3).status == "ok"
+
+
+def test_status_shows_a_refusing_broker_and_fails_until_it_accepts_again(workspace, servicebus):
+    # Given a poller whose namespace throttles every send (the emulator's test knob)
+    workspace.source.upsert(range(1, 6))
+    cfg = workspace.config.poller("orders")
+    refusals = SinkRefusals("orders")
+    servicebus.faults.throttle(workspace.queue)
+    with ServiceBusClient.from_connection_string(servicebus.connection_string, retry_total=0) as client:
+        sink = workspace.bus_sink(client)
+        try:
+            tick = run_tick(cfg, open_source(cfg), workspace.store(), sink, owner_id="p-1", refusals=refusals)
+            assert tick.stop_reason == "sink_refusing"
+            # When the operator asks for the status
+            result = workspace.run("status", "orders", "--json")
+            table = workspace.run("status")
+            # Then it names the refusal and its reason, and exits 1; the checkpoint did not move
+            assert result.exit_code == 1, result.stdout
+            (row,) = json.loads(result.stdout)
+            assert row["sink_refusing"]["reason"] == "throttled" and row["sink_refusing"]["for_seconds"] >= 0
+            assert "entity is being throttled" in row["sink_refusing"]["error"]
+            assert row["checkpoint"]["cursor"] is None
+            assert table.exit_code == 1 and "broker refusing (throttled)" in table.stdout
+            # When the broker accepts again and a tick delivers
+            servicebus.faults.unthrottle()
+            wait_until(lambda: refusals.wait_seconds() == 0, 5, "the backoff window to pass")
+            tick = run_tick(cfg, open_source(cfg), workspace.store(), sink, owner_id="p-1", refusals=refusals)
+            assert tick.stop_reason == "caught_up" and tick.rows == 5
+        finally:
+            servicebus.faults.unthrottle()
+            sink.close()
+    # Then status is healthy again
+    healthy = workspace.run("status", "orders", "--json")
+    assert healthy.exit_code == 0 and json.loads(healthy.stdout)[0]["sink_refusing"] is None

@@ -225,6 +225,50 @@ def test_full_queue_refuses_with_quota_exceeded(client: ServiceBusClient, make_q
             sender.send_messages(ServiceBusMessage(b"z" * 20_000))
 
 
+def test_full_queue_refuses_with_service_bus_text_and_keeps_refusing_until_it_drains(
+    client: ServiceBusClient, make_queue, emulator: Emulator
+):
+    # Given a queue filled to its quota
+    queue = make_queue(max_size_bytes=64 * 1024, max_message_size=32 * 1024)
+    with client.get_queue_sender(queue) as sender:
+        for _ in range(3):
+            sender.send_messages(ServiceBusMessage(b"z" * 20_000))
+        # When two more sends follow; Then each is refused as Service Bus refuses a full entity
+        for _ in range(2):
+            with pytest.raises(ServiceBusQuotaExceededError) as refused:
+                sender.send_messages(ServiceBusMessage(b"z" * 20_000))
+            text = str(refused.value)
+            assert f"The maximum entity size has been reached or exceeded for Queue: '{queue}'." in text, text
+            assert "Max entity size in bytes: 65536" in text and "https://aka.ms/ServiceBusExceptions" in text
+        # And once a message was received, the next send is accepted
+        _drain(client, queue, 1)
+        sender.send_messages(ServiceBusMessage(b"z" * 20_000))
+    # And the emulator counted every transfer: 4 accepted, 2 refused
+    assert emulator.faults.send_counts(queue) == {"accepted": 4, "refused": 2}
+
+
+def test_throttle_refuses_every_send_with_server_busy_until_unthrottled(
+    client: ServiceBusClient, make_queue, emulator: Emulator
+):
+    # Given a throttled queue (an emulator-only test knob) next to one that is not
+    queue, other = make_queue(), make_queue()
+    emulator.faults.throttle(queue)
+    try:
+        with client.get_queue_sender(queue) as sender:
+            # When it is sent to twice; Then both sends fail with ServerBusy and Service Bus's text
+            for _ in range(2):
+                with pytest.raises(ServiceBusServerBusyError, match="entity is being throttled"):
+                    sender.send_messages(ServiceBusMessage("a"))
+            _send(client, other, "not throttled")  # the other queue accepts
+            # And after unthrottle the next send is accepted
+            emulator.faults.unthrottle()
+            sender.send_messages(ServiceBusMessage("b"))
+    finally:
+        emulator.faults.unthrottle()
+    assert [str(m) for m in _drain(client, queue, 1)] == ["b"]
+    assert emulator.faults.send_counts(queue) == {"accepted": 1, "refused": 2}
+
+
 def test_injected_server_busy_fault_surfaces_once(client: ServiceBusClient, queue: str, emulator: Emulator):
     # Given one injected server-busy refusal
     emulator.faults.reject_next_sends(1)

@@ -83,6 +83,8 @@ def test_the_alert_and_workbook_queries_read_metrics_the_code_emits() -> None:
         "dbfanout.lag",
         "dbfanout.pg_logical.retained_wal",
         "dbfanout.pg_logical.wal_headroom",
+        "dbfanout.sink_refusing",  # the broker refuses a poller's sends (queue full, throttled, unreachable)
+        "dbfanout.sends_refused",
         "dbfanout.events.dead_lettered",
         "dbfanout.commit_to_handler",
         "dbfanout.events_handled",
@@ -98,6 +100,7 @@ def test_every_alert_goes_to_the_one_action_group_with_the_parameters_receivers(
     assert {name for name, _ in rules} == {
         "stallAlert",
         "lagAlert",
+        "refusingAlert",
         "walAlert",
         "walHeadroomAlert",
         "entityDlqAlert",

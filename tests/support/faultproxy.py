@@ -5,12 +5,16 @@ that starts with that method reaches the server in full, the proxy waits for the
 and then closes the client's connection without passing the answer on — the client sees a
 dropped connection for a write that was carried out (an ambiguous write, seed 002 §11).
 ``requests`` counts the HTTP requests that went through (benchmarks count storage calls with it).
+
+``go_down()`` makes the server unreachable through the proxy: open connections are reset and new
+ones are reset as soon as they connect, until ``come_up()`` (any TCP protocol: AMQP too).
 """
 
 from __future__ import annotations
 
 import select
 import socket
+import struct
 import threading
 from contextlib import suppress
 
@@ -34,6 +38,8 @@ class FaultProxy:
         self.dropped = 0  # answers swallowed so far
         self.requests = 0  # HTTP requests seen (a request's first bytes start a read)
         self._closed = threading.Event()
+        self._down = False
+        self._open: set[socket.socket] = set()
         threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
 
     def drop_next_response_to(self, method: bytes) -> None:
@@ -47,6 +53,19 @@ class FaultProxy:
                 return True
             return False
 
+    def go_down(self) -> None:
+        """Reset every open connection, and every new one, until :meth:`come_up`."""
+        with self._lock:
+            self._down = True
+            sockets, self._open = list(self._open), set()
+        for sock in sockets:
+            _reset(sock)
+
+    def come_up(self) -> None:
+        """Forward again (after :meth:`go_down`)."""
+        with self._lock:
+            self._down = False
+
     def close(self) -> None:
         self._closed.set()
         with suppress(OSError):
@@ -58,10 +77,17 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:
+                down = self._down
+            if down:
+                _reset(client)
+                continue
             threading.Thread(target=self._pump, args=(client,), daemon=True).start()
 
     def _pump(self, client: socket.socket) -> None:
         server = socket.create_connection(("127.0.0.1", self.target_port))
+        with self._lock:
+            self._open.update((client, server))
         doomed = False  # the request in flight is the armed one: swallow its answer
         try:
             while not self._closed.is_set():
@@ -82,9 +108,18 @@ class FaultProxy:
                         return  # the write landed; its answer never reaches the client
                     else:
                         client.sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: go_down() closed a socket under select()
             return
         finally:
+            with self._lock:
+                self._open.difference_update((client, server))
             for sock in (client, server):
                 with suppress(OSError):
                     sock.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with an RST (SO_LINGER 0): the peer sees "connection reset", not an orderly close."""
+    with suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
