@@ -29,10 +29,12 @@ from shared.servicebus import EntityKind, LazyServiceBusClient, QueueSender
 from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 
-__all__ = ["CLOSE_WAIT_SECONDS", "PollerRuntime", "Runtimes"]
+__all__ = ["CLOSE_WAIT_SECONDS", "NOT_OWNER", "PollerRuntime", "Runtimes"]
 
 log = get_logger("poller.runtime")
 
+#: The tick outcomes after which this process does not hold the poller's lease.
+NOT_OWNER: frozenset[str] = frozenset({"lease_held", "lease_lost"})
 #: How long closing a runtime waits for its running tick before closing without releasing the lease.
 CLOSE_WAIT_SECONDS = 15.0
 
@@ -116,17 +118,30 @@ class PollerRuntime:
         """One tick; ``next_occurrence`` (the timer's next firing) bounds a lingering tick."""
         self.poller.require_settings()  # a poller missing its settings fails here, alone
         with self._lock:
-            return run_tick(
-                self.poller,
-                self.source,
-                self.store,
-                self.sink,
-                owner_id=self.owner_id,
-                lease=self.lease,
-                next_occurrence=next_occurrence,
-                stop=self._stopping,
-                waker=self.waker,
-            )
+            try:
+                result = run_tick(
+                    self.poller,
+                    self.source,
+                    self.store,
+                    self.sink,
+                    owner_id=self.owner_id,
+                    lease=self.lease,
+                    next_occurrence=next_occurrence,
+                    stop=self._stopping,
+                    waker=self.waker,
+                )
+            except BaseException:
+                self._stop_listening()  # a failed tick gave the lease up
+                raise
+            if result.stop_reason in NOT_OWNER:
+                self._stop_listening()
+            return result
+
+    def _stop_listening(self) -> None:
+        """Close the LISTEN connection of a process that no longer holds the lease: the owner
+        listens (and reads); a connection nobody reads would pin PostgreSQL's notification queue."""
+        if self._waker is not None:
+            self._waker.close()
 
     @property
     def waker(self) -> NotifyWaker | None:
