@@ -6,7 +6,8 @@ their result in exactly one conditional write (STYLE R1), so the blob store and 
 fake cannot drift apart.
 
 :class:`LeaseKeeper` holds the snapshot of one tick: commits extend the lease in the same write,
-heartbeats go out only when the remaining time runs low (R11), and a background renewer stores a
+heartbeats go out only when the remaining time runs low (R11; half the TTL, see
+:mod:`shared.lease_margins` for why two timed-out heartbeats still fit before expiry), and a background renewer stores a
 lost lease so the next commit refuses to write (seed case H).
 """
 
@@ -29,6 +30,7 @@ from shared.errors import (
     LostLeaseError,
     StateUnavailableError,
 )
+from shared.lease_margins import renew_interval, renew_threshold
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Lease, StateDoc
 
@@ -182,6 +184,7 @@ class LeaseKeeper:
         self._store = store
         self._snap = snapshot
         self._ttl = ttl
+        self._renew_below = dt.timedelta(seconds=renew_threshold(ttl.total_seconds()))
         self._clock = clock
         self._lock = threading.RLock()
         self._lost: LostLeaseError | None = None
@@ -206,6 +209,12 @@ class LeaseKeeper:
     @property
     def ttl(self) -> dt.timedelta:
         return self._ttl
+
+    def time_left(self) -> dt.timedelta:
+        """How long the lease lasts as this keeper last wrote or read it (negative once expired)."""
+        with self._lock:
+            expires_at = self._snap.doc.lease.expires_at
+        return expires_at - self._clock() if expires_at is not None else dt.timedelta(0)
 
     @property
     def lost(self) -> LostLeaseError | None:
@@ -270,7 +279,8 @@ class LeaseKeeper:
             return self._snap
 
     def heartbeat_if_due(self, *, blocking: bool = True) -> bool:
-        """Extend the lease when less than a third of the TTL remains. True when a write went out.
+        """Extend the lease when less than half the TTL remains (:mod:`shared.lease_margins`).
+        True when a write went out.
 
         ``blocking=False``: skip (False) when a commit holds the keeper; it extends the lease itself.
         Raises LostLeaseError (stored for the next commit) or StateUnavailableError.
@@ -287,7 +297,7 @@ class LeaseKeeper:
         if not self._ready("heartbeat"):
             return False
         expires_at = self._snap.doc.lease.expires_at
-        if expires_at is not None and expires_at - self._clock() > self._ttl / 3:
+        if expires_at is not None and expires_at - self._clock() > self._renew_below:
             return False
         try:
             self._snap = self._store.heartbeat(self._snap, self._ttl)
@@ -359,13 +369,13 @@ class LeaseKeeper:
 
     @contextmanager
     def renewing_in_background(self, interval: float | None = None) -> Iterator[LeaseKeeper]:
-        """Run ``heartbeat_if_due`` every ``interval`` seconds (default TTL/6) while the body runs.
+        """Run ``heartbeat_if_due`` every ``interval`` seconds (default TTL/10) while the body runs.
 
         A lost lease is stored (the next ``commit``/``check`` raises it) and ends the renewal;
         transient failures are logged and retried on the next interval. The renewals run on the
         process's one renewer thread (:class:`_Renewals`), not on a thread per tick.
         """
-        period = interval if interval is not None else self._ttl.total_seconds() / 6
+        period = interval if interval is not None else renew_interval(self._ttl.total_seconds())
         _RENEWALS.add(self, period)
         try:
             yield self

@@ -78,7 +78,10 @@ class PollerRuntime:
         if self._store is None:
             app = self.config.app
             conn = storage_connection(self.config.settings, app.state_connection)
-            self._store = open_state_store(conn, app.state_container, app.name, self.poller.name)
+            # The timeout the lease margins allow: two timed-out heartbeats fit before expiry.
+            self._store = open_state_store(
+                conn, app.state_container, app.name, self.poller.name, request_timeout=self.poller.state_timeout
+            )
         return self._store
 
     @property

@@ -4,8 +4,9 @@ Without it every tick acquires (a read and a write) and releases (a write): thre
 requests for a tick that finds nothing. With it the process that won the lease keeps the
 :class:`~poller.lease.LeaseKeeper` — the state document and its ETag — in memory:
 
-* a tick starts with no storage request while the lease has more than a third of its TTL left,
-  and with one conditional write (a heartbeat on the cached ETag) when it has not;
+* a tick starts with no storage request while the lease has more than half its TTL left, and
+  with one conditional write (a heartbeat on the cached ETag) when it has not; a heartbeat that
+  times out while the lease still has time left does not fail the tick (the renewer retries);
 * a tick that sends nothing writes nothing; a commit is one CAS on the cached ETag, as before;
 * a CAS that fails (412: someone else wrote — a takeover after expiry, an operator's reset)
   drops the cached snapshot; the next start reloads and acts on what is stored (seed 002 §6:
@@ -23,7 +24,8 @@ import threading
 
 from poller.lease import Clock, LeaseKeeper, utcnow
 from poller.ports import StateStore
-from shared.errors import LostLeaseError
+from shared.errors import LostLeaseError, StateUnavailableError
+from shared.lease_margins import renew_interval
 from shared.logs import get_logger, ids
 
 __all__ = ["StickyLease"]
@@ -54,10 +56,12 @@ class StickyLease:
     def take(self) -> LeaseKeeper | None:
         """The lease for this tick, or None when another owner holds it.
 
-        The kept keeper costs nothing while more than a third of the TTL remains, one heartbeat
-        CAS otherwise. A renewal that finds the blob changed (LostLeaseError) drops the cached
-        snapshot and reloads at once. Storage errors propagate (the snapshot is dropped first:
-        the next take reloads, and recognises a lease that still names us).
+        The kept keeper costs nothing while more than half the TTL remains, one heartbeat CAS
+        otherwise. A renewal that finds the blob changed (LostLeaseError) drops the cached
+        snapshot and reloads at once. A renewal that fails (StateUnavailableError) while the lease
+        has more than one renewer interval left hands the keeper to the tick, whose renewer
+        retries. Other storage errors propagate (the snapshot is dropped first: the next take
+        reloads, and recognises a lease that still names us).
         """
         with self._lock:
             keeper = self._keeper
@@ -71,6 +75,17 @@ class StickyLease:
                         "the state blob changed since our last write; reloading",
                         extra=ids(poller=self.store.poller_name, window="W4", fencing_token=keeper.fencing_token),
                     )
+                except StateUnavailableError as exc:
+                    if keeper.time_left().total_seconds() <= renew_interval(self.ttl.total_seconds()):
+                        self._keeper = None
+                        raise
+                    # One slow request: the lease still holds, and the tick's renewer retries (the
+                    # next write first reloads, since this one may have landed).
+                    log.warning(
+                        "lease renewal failed; the tick goes on under the lease and retries it",
+                        extra=ids(poller=self.store.poller_name, fencing_token=keeper.fencing_token, error=str(exc)),
+                    )
+                    return keeper
                 except BaseException:
                     self._keeper = None
                     raise

@@ -124,7 +124,7 @@ def run_tick(
     failed = True
     try:
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
-        # It writes only when a third of the TTL is left; commits extend the lease as they land.
+        # It writes only when half the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
             result = tick.drain(keeper, linger_until)
             if linger_until is not None and result.stop_reason in LINGERS_AFTER:

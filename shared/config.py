@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shared.errors import ConfigError
+from shared.lease_margins import default_state_timeout, margin_problem
 from shared.settings import Settings, load_settings
 
 __all__ = [
@@ -94,6 +95,8 @@ class PollerConfig:
     batch_size: int = 500
     max_batches_per_tick: int = 20
     lease_ttl_seconds: int = DEFAULT_LEASE_TTL_SECONDS
+    # The state blob's request timeout; None: the largest the lease margins allow (shared.lease_margins).
+    state_timeout_seconds: float | None = None
     settle_seconds: float = 2.0
     soft_delete_column: str | None = None
     handler: str | None = None
@@ -189,6 +192,11 @@ class PollerConfig:
             if sub.max_delivery_count:
                 return sub.max_delivery_count
         return self.deliveries
+
+    @property
+    def state_timeout(self) -> float:
+        """The state store's request timeout (seconds): set, or derived from the lease TTL."""
+        return self.state_timeout_seconds or default_state_timeout(self.lease_ttl_seconds)
 
     @property
     def time_budget_seconds(self) -> float:
@@ -366,6 +374,17 @@ def _num(raw: Mapping[str, Any], prefix: str, key: str, default: float | None, l
     return float(value)
 
 
+def _state_timeout(raw: Mapping[str, Any], prefix: str, lease_ttl: int) -> float | None:
+    """``state_timeout_seconds`` (optional): two heartbeats of it must fit before the lease expires."""
+    value = _num(raw, prefix, "state_timeout_seconds", None, 0.5)
+    if value is not None and value > 120:
+        raise ConfigError(f"{prefix}.state_timeout_seconds", f"must be at most 120 (got {value!r})")
+    problem = margin_problem(lease_ttl, value) if value is not None else None  # the default always fits
+    if problem:
+        raise ConfigError(f"{prefix}.state_timeout_seconds", problem, hint="docs/operations.md, Lease margins")
+    return value
+
+
 def _linger(raw: Mapping[str, Any], prefix: str) -> float:
     """``linger_seconds``: 0 (off) up to 600; a lingering tick keeps its timer invocation running."""
     value = _num(raw, prefix, "linger_seconds", 0.0, 0.0) or 0.0
@@ -457,6 +476,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
             hint='e.g. "*/5 * * * * *" for every five seconds, or "%SETTING%"',
         )
     max_bytes = _int(raw, prefix, "max_message_bytes", 256 * 1024, 16 * 1024, 100 * 1024 * 1024)
+    lease_ttl = _int(raw, prefix, "lease_ttl_seconds", DEFAULT_LEASE_TTL_SECONDS, 10, 3600)
     missing = tuple(dict.fromkeys(n for n in _REF.findall(source_url) if n not in settings)) if lenient_settings else ()
     expanded = "" if missing else expand_refs(source_url, settings, f"{prefix}.source_url")
     return PollerConfig(
@@ -471,7 +491,8 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         schedule=schedule,
         batch_size=_int(raw, prefix, "batch_size", 500, 1, 100_000),
         max_batches_per_tick=_int(raw, prefix, "max_batches_per_tick", 20, 1, 10_000),
-        lease_ttl_seconds=_int(raw, prefix, "lease_ttl_seconds", DEFAULT_LEASE_TTL_SECONDS, 10, 3600),
+        lease_ttl_seconds=lease_ttl,
+        state_timeout_seconds=_state_timeout(raw, prefix, lease_ttl),
         settle_seconds=_num(raw, prefix, "settle_seconds", 2.0, 0.0) or 0.0,
         soft_delete_column=_str(raw, prefix, "soft_delete_column", None),
         handler=handler,

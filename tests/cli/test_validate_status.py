@@ -182,3 +182,23 @@ def test_validate_tells_a_poller_whose_max_delivery_count_differs_from_its_queue
     check = max_delivery_check(poller, 3)
     assert check.status == "warn" and "set max_delivery_count = 3" in check.detail
     assert max_delivery_check(replace(poller, max_delivery_count=3), 3).status == "ok"
+
+
+def test_validate_shows_the_lease_margins_and_refuses_a_storage_timeout_two_heartbeats_do_not_fit(workspace):
+    # Given the default timing (lease_ttl_seconds = 30, the storage timeout it implies)
+    result = workspace.run("validate", "--json")
+    margins = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "lease margins")
+    # Then validate shows when the lease renews and that two storage timeouts fit before expiry
+    assert margins["status"] == "ok"
+    assert "renewed at 15 s left" in margins["detail"] and "2 storage timeouts of 6 s fit" in margins["detail"]
+    # When the storage timeout is set to the old 10 s, a third of the TTL: one slow heartbeat lapses the lease
+    config = workspace.config_path.read_text()
+    workspace.config_path.write_text(
+        config.replace("lease_ttl_seconds = 30\n", "lease_ttl_seconds = 30\nstate_timeout_seconds = 10\n")
+    )
+    refused = workspace.run("validate")
+    # Then validate refuses the config, naming the key and what to set
+    assert refused.exit_code == 2
+    text = said(refused)
+    assert "pollers.orders.state_timeout_seconds" in text
+    assert "set lease_ttl_seconds >= 50, or state_timeout_seconds <= 6" in text

@@ -47,7 +47,7 @@ def _lease(store: Any, owner: str, source: SqlSource, clock: FakeClock) -> Stick
     return StickyLease(store, owner, dt.timedelta(seconds=TTL_S), source.fingerprint, clock=clock)
 
 
-def test_the_owner_keeps_its_lease_between_ticks_and_renews_it_only_when_a_third_is_left(
+def test_the_owner_keeps_its_lease_between_ticks_and_renews_it_only_when_half_is_left(
     harness: StoreHarness, table: SourceTable, poller: PollerConfig, clock: FakeClock
 ) -> None:
     # Given an owner that delivered the table in its first tick
@@ -56,15 +56,15 @@ def test_the_owner_keeps_its_lease_between_ticks_and_renews_it_only_when_a_third
     lease = _lease(harness.make(clock), "A", source, clock)
     assert _tick(poller, source, lease, sink, clock).rows == 3
     after_first = harness.raw()
-    # When idle ticks follow while more than a third of the TTL is left
-    for _ in range(19):
+    # When idle ticks follow while more than half the TTL is left
+    for _ in range(14):
         clock.advance(1)
         assert _tick(poller, source, lease, sink, clock).stop_reason == "caught_up"
     # Then the state blob was not written (nor released): the lease still names A
     assert harness.raw() == after_first
     stored = harness.make(clock).load()
     assert stored is not None and stored.doc.lease.owner_id == "A"
-    # When the lease has a third of its TTL left, Then the next tick renews it (same token)
+    # When the lease has half its TTL left, Then the next tick renews it (same token)
     clock.advance(1)
     _tick(poller, source, lease, sink, clock)
     renewed = harness.make(clock).load()
@@ -200,8 +200,8 @@ def test_idle_ticks_cost_at_most_a_tenth_of_a_storage_request_each(
     for _ in range(100):
         clock.advance(1)
         assert _tick(poller, source, lease, sink, clock).stop_reason == "caught_up"
-    # Then only renewals went out: one write each 20 s, i.e. 0.05 requests a tick
+    # Then only renewals went out: one write each 15 s (half the TTL), i.e. 0.06 requests a tick
     idle = requests[first:]
     assert set(idle) <= {"PUT"}
     assert len(idle) / 100 <= 0.1, idle
-    assert len(idle) == 5  # at t = 20, 40, 60, 80, 100 s
+    assert len(idle) == 6  # at t = 15, 30, 45, 60, 75, 90 s
