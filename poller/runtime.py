@@ -2,7 +2,7 @@
 
 Built lazily on the first tick (``function_app.py`` indexing must open no connections) and
 reused afterwards: opening a Service Bus sender costs about a second. The poller's lease is kept
-between ticks too (:mod:`poller.sticky`) and released by :meth:`PollerRuntime.close`.
+between ticks too (:class:`~poller.lease.StickyLease`) and released by :meth:`PollerRuntime.close`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 from azure.servicebus import ServiceBusClient
 
+from poller.lease import StickyLease
 from poller.ports import Sink, Source, StateStore
 from poller.sink_queue import ClaimCheckHook
 from poller.sink_servicebus import ServiceBusSink
 from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
-from poller.sticky import StickyLease
 from poller.tick import TickResult, default_owner_id, run_tick
 from poller.wake import NotifyWaker
 from shared.claimcheck import open_claim_check
@@ -29,12 +29,10 @@ from shared.servicebus import EntityKind, LazyServiceBusClient, QueueSender
 from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 
-__all__ = ["CLOSE_WAIT_SECONDS", "NOT_OWNER", "PollerRuntime", "Runtimes"]
+__all__ = ["CLOSE_WAIT_SECONDS", "PollerRuntime", "Runtimes"]
 
 log = get_logger("poller.runtime")
 
-#: The tick outcomes after which this process does not hold the poller's lease.
-NOT_OWNER: frozenset[str] = frozenset({"lease_held", "lease_lost"})
 #: How long closing a runtime waits for its running tick before closing without releasing the lease.
 CLOSE_WAIT_SECONDS = 15.0
 
@@ -111,38 +109,34 @@ class PollerRuntime:
 
     @property
     def lease(self) -> StickyLease:
-        """The lease this process keeps between ticks (:mod:`poller.sticky`)."""
+        """The lease this process keeps between ticks (:class:`~poller.lease.StickyLease`)."""
         if self._lease is None:
             ttl = dt.timedelta(seconds=self.poller.lease_ttl_seconds)
-            self._lease = StickyLease(self.store, self.owner_id, ttl, self.source.fingerprint)
+            self._lease = StickyLease(
+                self.store, self.owner_id, ttl, self.source.fingerprint, on_not_owner=self._stop_listening
+            )
         return self._lease
 
     def tick(self, next_occurrence: dt.datetime | None = None) -> TickResult:
         """One tick; ``next_occurrence`` (the timer's next firing) bounds a lingering tick."""
         self.poller.require_settings()  # a poller missing its settings fails here, alone
         with self._lock:
-            try:
-                result = run_tick(
-                    self.poller,
-                    self.source,
-                    self.store,
-                    self.sink,
-                    owner_id=self.owner_id,
-                    lease=self.lease,
-                    next_occurrence=next_occurrence,
-                    stop=self._stopping,
-                    waker=self.waker,
-                )
-            except BaseException:
-                self._stop_listening()  # a failed tick gave the lease up
-                raise
-            if result.stop_reason in NOT_OWNER:
-                self._stop_listening()
-            return result
+            return run_tick(
+                self.poller,
+                self.source,
+                self.store,
+                self.sink,
+                owner_id=self.owner_id,
+                lease=self.lease,
+                next_occurrence=next_occurrence,
+                stop=self._stopping,
+                waker=self.waker,
+            )
 
     def _stop_listening(self) -> None:
-        """Close the LISTEN connection of a process that no longer holds the lease: the owner
-        listens (and reads); a connection nobody reads would pin PostgreSQL's notification queue."""
+        """Close the LISTEN connection when this process learns it does not hold the lease (or
+        gives it up): the owner listens (and reads); a connection nobody reads would pin
+        PostgreSQL's notification queue. The next tick that holds the lease listens again."""
         if self._waker is not None:
             self._waker.close()
 

@@ -1,7 +1,8 @@
 """One timer tick: the poller's lifecycle, in the order seed 001 §2 gives it.
 
 **acquire** the lease (one CAS; the same read loads the checkpoint and refuses a foreign source
-fingerprint; a process that kept its lease from the last tick reuses it, :mod:`poller.sticky`)
+fingerprint; a process that kept its lease from the last tick reuses it; :mod:`poller.lease`
+decides all of the lease's life, the tick only takes and finishes it)
 → up to ``max_batches_per_tick`` pages within the time budget: **fetch** →
 **send** → **commit** (only after the sink accepted every message; the write also extends the
 lease) → **acknowledge** (the source's housekeeping once the tick's last write landed) →
@@ -36,10 +37,9 @@ from zoneinfo import ZoneInfo
 
 from poller.committer import Committer
 from poller.events import page_batch
-from poller.lease import LeaseKeeper
+from poller.lease import LeaseKeeper, PerTickLease, TickLease
 from poller.ports import CountsPending, Page, Sink, Source, StateStore
 from poller.prefetch import PageReader, Prefetcher, Sequential
-from poller.sticky import StickyLease
 from poller.wake import NotifyWaker
 from shared.config import PollerConfig
 from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
@@ -96,16 +96,17 @@ def run_tick(
     owner_id: str | None = None,
     clock: Callable[[], dt.datetime] = _utcnow,
     monotonic: Callable[[], float] = time.monotonic,
-    lease: StickyLease | None = None,
+    lease: TickLease | None = None,
     next_occurrence: dt.datetime | None = None,
     stop: threading.Event | None = None,
     waker: NotifyWaker | None = None,
 ) -> TickResult:
     """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing).
 
-    With ``lease`` (the process's :class:`~poller.sticky.StickyLease` for this poller) the lease
+    With ``lease`` (the process's :class:`~poller.lease.StickyLease` for this poller) the lease
     and its snapshot are kept for the next tick instead of being released: a tick that finds
-    nothing costs no storage request. Without it the tick acquires and releases its own lease.
+    nothing costs no storage request. Without it the tick acquires and releases its own lease
+    (:class:`~poller.lease.PerTickLease`).
 
     With ``linger_seconds`` set, a tick that caught up (or sent its ``max_batches_per_tick`` pages
     with more to read) keeps polling (:meth:`Tick.linger`) until
@@ -116,7 +117,10 @@ def run_tick(
     """
     tick = Tick(poller, source, sink, clock, monotonic, stop=stop, waker=waker)
     linger_until = tick.linger_deadline(next_occurrence)
-    keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
+    if lease is None:
+        ttl = dt.timedelta(seconds=poller.lease_ttl_seconds)
+        lease = PerTickLease(store, owner_id or default_owner_id(), ttl, source.fingerprint, clock=clock)
+    keeper = tick.take(lease)
     if keeper is None:
         return TickResult(poller.name, "lease_held")
     if linger_until is not None and waker is not None:
@@ -142,12 +146,7 @@ def run_tick(
         )
         return TickResult(poller.name, "lease_lost", fencing_token=keeper.fencing_token)
     finally:
-        if lease is None:
-            tick.release(keeper)
-        elif failed:
-            lease.drop(keeper)  # a failed tick lets another instance try (and the next one reloads)
-        else:
-            lease.keep(keeper)
+        lease.finish(keeper, failed=failed)  # a failed tick gives the lease up (the next one reloads)
 
 
 class Tick:
@@ -178,19 +177,9 @@ class Tick:
 
     # -- the lifecycle, in order -------------------------------------------------------------
 
-    def acquire(self, store: StateStore, owner_id: str) -> LeaseKeeper | None:
-        """Take the lease, or None when another owner holds it (an outcome, not an error)."""
-        log.debug("tick started", extra=ids(poller=self.name))
-        ttl = dt.timedelta(seconds=self.poller.lease_ttl_seconds)
-        with _stage("acquire", self.name):
-            snap = store.try_acquire(owner_id, ttl, self.fingerprint)
-        if snap is None:
-            log.debug("lease held elsewhere; skipping tick", extra=ids(poller=self.name))
-            return None
-        return LeaseKeeper(store, snap, ttl, clock=self.clock)
-
-    def take(self, lease: StickyLease) -> LeaseKeeper | None:
-        """The kept lease (no storage request while it has time left), or a fresh acquire."""
+    def take(self, lease: TickLease) -> LeaseKeeper | None:
+        """Take the lease (a kept one costs no storage request while it has time left), or None
+        when another owner holds it (an outcome, not an error)."""
         log.debug("tick started", extra=ids(poller=self.name))
         with _stage("acquire", self.name):
             keeper = lease.take()
@@ -408,10 +397,6 @@ class Tick:
             log.warning("could not count the rows still to send: %r", exc, extra=ids(poller=self.name))
             return
         metrics.lag_rows.record(pending, attrs)
-
-    def release(self, keeper: LeaseKeeper) -> None:
-        """Give the lease up (best effort, never raises): the next tick may take it at once."""
-        keeper.release()
 
     # -- helpers -------------------------------------------------------------------------------
 

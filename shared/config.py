@@ -31,8 +31,8 @@ __all__ = [
 
 CONFIG_SETTING = "DBFANOUT_CONFIG"
 DEFAULT_CONFIG_NAME = "dbfanout.toml"
-#: A process keeps its poller's lease between ticks (poller/sticky.py) and renews it when a third
-#: is left: one write per 20 s at 30 s, and a crashed owner's poller resumes within ~35 s.
+#: A process keeps its poller's lease between ticks (poller/lease.py) and renews it when half is
+#: left: one write per 15 s at 30 s, and a crashed owner's poller resumes within ~35 s.
 DEFAULT_LEASE_TTL_SECONDS = 30
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")

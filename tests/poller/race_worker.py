@@ -13,9 +13,9 @@ import sys
 import time
 from dataclasses import replace
 
+from poller.lease import StickyLease
 from poller.source import SqlSource
 from poller.state_blob import open_state_store
-from poller.sticky import StickyLease
 from poller.tick import run_tick
 from shared.codec import dumps
 from shared.models import Batch, Checkpoint

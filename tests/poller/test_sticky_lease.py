@@ -1,4 +1,4 @@
-"""The sticky lease (poller/sticky.py): a process keeps its poller's lease and snapshot between ticks.
+"""The sticky lease (StickyLease, poller/lease.py): a process keeps its poller's lease and snapshot between ticks.
 
 Idle ticks cost no storage request until a renewal is due; a stale cached snapshot (another
 writer changed the blob) is found by the next write's CAS and reloaded; a lease taken over
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from azure.storage.blob import BlobServiceClient
 
+from poller.lease import StickyLease
 from poller.source import SqlSource
 from poller.state_blob import BlobStateStore
-from poller.sticky import StickyLease
 from poller.tick import run_tick
 from shared.config import PollerConfig
 from shared.models import Checkpoint, Lease, StateDoc
