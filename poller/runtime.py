@@ -20,7 +20,7 @@ from poller.sink_servicebus import ServiceBusSink
 from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
 from poller.tick import TickResult, default_owner_id, run_tick
-from poller.wake import NotifyWaker
+from poller.wake import Waker, open_waker
 from shared.claimcheck import open_claim_check
 from shared.closing import close_and_clear
 from shared.config import Config
@@ -60,7 +60,7 @@ class PollerRuntime:
         self.owner_id = owner_id or default_owner_id()
         self._lease: StickyLease | None = None
         self._stopping = threading.Event()
-        self._waker: NotifyWaker | None = None
+        self._waker: Waker | None = None
         self._lock = threading.Lock()  # one tick at a time in this process
 
     @property
@@ -141,10 +141,11 @@ class PollerRuntime:
             self._waker.close()
 
     @property
-    def waker(self) -> NotifyWaker | None:
-        """The LISTEN connection of a ``wake = "notify"`` poller, kept across ticks."""
-        if self._waker is None and self.poller.wake == "notify":
-            self._waker = NotifyWaker(self.poller)
+    def waker(self) -> Waker | None:
+        """How a lingering tick waits for a commit (``wake = "notify"``: LISTEN; ``"wal"``: the WAL
+        flush position), kept across ticks while this process holds the lease."""
+        if self._waker is None:
+            self._waker = open_waker(self.poller)
         return self._waker
 
     def close(self) -> None:

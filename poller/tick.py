@@ -40,7 +40,7 @@ from poller.events import page_batch
 from poller.lease import LeaseKeeper, PerTickLease, TickLease
 from poller.ports import CountsPending, Page, Sink, Source, StateStore
 from poller.prefetch import PageReader, Prefetcher, Sequential
-from poller.wake import NotifyWaker
+from poller.wake import Waker
 from shared.config import PollerConfig
 from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
@@ -99,7 +99,7 @@ def run_tick(
     lease: TickLease | None = None,
     next_occurrence: dt.datetime | None = None,
     stop: threading.Event | None = None,
-    waker: NotifyWaker | None = None,
+    waker: Waker | None = None,
 ) -> TickResult:
     """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing).
 
@@ -112,8 +112,8 @@ def run_tick(
     with more to read) keeps polling (:meth:`Tick.linger`) until
     ``linger_seconds`` after its start or :data:`LINGER_MARGIN` before ``next_occurrence`` (the
     timer's next firing, when known), whichever comes first; ``stop`` cuts it short (shutdown).
-    With ``waker`` (``wake = "notify"``) the linger waits for a commit's notification instead of
-    polling; it listens before the tick's first fetch, so a commit in between is not missed.
+    With ``waker`` (``wake = "notify"`` or ``"wal"``) the linger waits for a sign of a commit instead
+    of polling; it listens before the tick's first fetch, so a commit in between is not missed.
     """
     tick = Tick(poller, source, sink, clock, monotonic, stop=stop, waker=waker)
     linger_until = tick.linger_deadline(next_occurrence)
@@ -162,7 +162,7 @@ class Tick:
         monotonic: Callable[[], float] = time.monotonic,
         *,
         stop: threading.Event | None = None,
-        waker: NotifyWaker | None = None,
+        waker: Waker | None = None,
     ) -> None:
         self.poller = poller
         self.stop = stop or threading.Event()
@@ -277,8 +277,8 @@ class Tick:
     def _wait(self, interval: float, remaining: float) -> bool:
         """Wait before the next poll: True to poll now, False to skip it (stopped, or no notification).
 
-        Polling: the interval (or until stopped). Notify: until a commit notifies, in slices of at
-        most a second so a stop is seen; polls at the interval while the LISTEN connection is down.
+        Polling: the interval (or until stopped). A waker (notify, wal): until it sees a commit, in
+        slices of at most a second so a stop is seen; polls at the interval while it is down.
         """
         if self.waker is None or not self.waker.ready:
             return not self.stop.wait(interval)

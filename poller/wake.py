@@ -1,4 +1,6 @@
-"""``wake = "notify"``: a lingering tick waits on PostgreSQL LISTEN instead of polling.
+"""How a lingering tick waits for a commit instead of polling: ``wake = "notify"`` or ``"wal"``.
+
+``wake = "notify"``: a lingering tick waits on PostgreSQL LISTEN.
 
 A statement-level trigger on each of the poller's tables (created by ``dbfanout validate --fix``,
 dropped by ``dbfanout notify drop``) calls ``pg_notify(channel)`` in every writing transaction;
@@ -11,21 +13,35 @@ queue), and the connection is closed as soon as the process loses or gives up th
 only delays a change to the next timer tick, whose first fetch is the safety net; while the
 connection is down the linger falls back to polling at ``poll_interval_ms``.
 
-psycopg is imported only here, and only when a notify poller first listens.
+``wake = "wal"`` (pg_logical only, :class:`WalWaker`) needs no trigger: the linger watches the
+server's WAL flush position instead, one tiny query every ``poll_interval_ms``.
+
+psycopg is imported only here, and only when a notify (or wal) poller first listens.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from typing import Any
+import time
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
 from shared.config import PollerConfig
 from shared.logs import get_logger, ids
 
-__all__ = ["NOTIFY_FUNCTION", "READ_SLICE", "NotifyWaker", "notify_channel", "notify_tables", "notify_trigger_name"]
+__all__ = [
+    "NOTIFY_FUNCTION",
+    "READ_SLICE",
+    "NotifyWaker",
+    "Waker",
+    "WalWaker",
+    "notify_channel",
+    "notify_tables",
+    "notify_trigger_name",
+    "open_waker",
+]
 
 log = get_logger("poller.wake")
 
@@ -187,3 +203,110 @@ class _Reader:
         self._stopping.set()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=READ_SLICE * 4)
+
+
+class WalWaker:
+    """``wake = "wal"`` (pg_logical): wakes when the server's WAL flush position moves.
+
+    No trigger on the user's tables and no notify lock: one connection asks for
+    ``pg_current_wal_flush_lsn()`` every ``poll_interval_ms`` (a function call, no table read, no
+    decoding) while a linger waits, and :meth:`wait` returns True once the position moved since
+    the last look, i.e. something committed (or wrote WAL) somewhere on the server. The drain
+    that follows peeks the slot, and only then decodes. On a server whose WAL moves all the time
+    for other reasons this is polling at ``poll_interval_ms`` without the idle back-off.
+    """
+
+    def __init__(self, poller: PollerConfig, *, connect_timeout: int = 10) -> None:
+        self.poller = poller
+        self._connect_timeout = connect_timeout
+        self._interval = poller.poll_interval_ms / 1000
+        self._conn: Any = None
+        self._seen: str | None = None  # the flush position at the last look
+        self._closed = threading.Event()
+        self.checks = 0  # positions read so far (the cost on the database: one tiny query each)
+
+    @property
+    def ready(self) -> bool:
+        """True while the connection is up (else the linger polls at its interval)."""
+        return self._conn is not None
+
+    def listen(self) -> None:
+        """Connect unless connected, and take the current position as seen. Never raises."""
+        self._closed.clear()
+        try:
+            if self._conn is None:
+                import psycopg  # the PostgreSQL driver a pg_logical poller already uses
+
+                url = sa.engine.make_url(self.poller.source_url).set(drivername="postgresql")
+                self._conn = psycopg.connect(
+                    url.render_as_string(hide_password=False), autocommit=True, connect_timeout=self._connect_timeout
+                )
+            self._seen = self._position()
+        except Exception as exc:
+            log.warning(
+                "reading the WAL position failed; the linger polls instead",
+                extra=ids(poller=self.poller.name, error=type(exc).__name__),
+            )
+            self.close()
+
+    def _position(self) -> str:
+        self.checks += 1
+        return str(self._conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0])
+
+    def wait(self, timeout: float) -> bool:
+        """Look every ``poll_interval_ms`` until the position moves (True) or ``timeout`` passes."""
+        if self._conn is None:
+            return False
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                position = self._position()
+            except Exception as exc:
+                log.warning(
+                    "WAL position connection lost; the linger polls until the next tick connects again",
+                    extra=ids(poller=self.poller.name, error=type(exc).__name__),
+                )
+                self.close()
+                return True  # a change may have been missed: poll once now
+            if position != self._seen:
+                self._seen = position
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or self._closed.wait(min(self._interval, left)):
+                return False
+
+    def close(self) -> None:
+        """Close the connection (the next :meth:`listen` opens another). Idempotent."""
+        self._closed.set()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception as exc:  # closing a broken connection: nothing left to do
+                log.debug("closing the WAL position connection failed: %r", exc)
+
+
+class Waker(Protocol):
+    """How a lingering tick waits for a commit (:meth:`poller.tick.Tick.linger`)."""
+
+    @property
+    def ready(self) -> bool:
+        """True while waiting works; else the linger polls at ``poll_interval_ms``."""
+
+    def listen(self) -> None:
+        """Start watching (before the tick's first fetch). Never raises."""
+
+    def wait(self, timeout: float) -> bool:
+        """True when a commit may have happened since the last call, False after ``timeout``."""
+
+    def close(self) -> None:
+        """Stop watching and close any connection."""
+
+
+def open_waker(poller: PollerConfig) -> Waker | None:
+    """The waker of ``poller``'s ``wake`` setting; None for ``"poll"``."""
+    if poller.wake == "notify":
+        return NotifyWaker(poller)
+    if poller.wake == "wal":
+        return WalWaker(poller)
+    return None

@@ -45,7 +45,7 @@ Transport = Literal["servicebus", "storage-queue"]
 NullCursorPolicy = Literal["skip", "fail"]
 OversizePolicy = Literal["error", "claim-check"]
 SourceKind = Literal["keyset", "outbox", "pg_logical"]
-Wake = Literal["poll", "notify"]
+Wake = Literal["poll", "notify", "wal"]
 #: Keys that only mean something to a keyset (table/query) poller.
 _KEYSET_ONLY = ("query", "cursor", "pk", "soft_delete_column", "xid_column", "filter", "null_cursor", "cursor_timezone")
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -127,6 +127,7 @@ class PollerConfig:
     poll_interval_ms: int = 250
     # "notify" (PostgreSQL, with linger): a lingering tick waits on LISTEN instead of polling; a
     # statement-level trigger on the poller's tables (validate --fix) calls pg_notify on commit.
+    # "wal" (pg_logical, with linger): it watches the WAL flush position every poll_interval_ms.
     wake: Wake = "poll"
     # Where changes come from: "keyset" (a table or query read in cursor order, the default) or
     # "outbox" (an outbox table the application writes, see shared.outbox; cursor and pk are its own).
@@ -398,12 +399,21 @@ def _linger(raw: Mapping[str, Any], prefix: str) -> float:
 
 
 def _wake(raw: Mapping[str, Any], prefix: str, source_url: str) -> Any:
-    """``wake``: "poll" (default) or "notify" (PostgreSQL tables only, and only with a linger)."""
-    wake = _choice(raw, prefix, "wake", "poll", ("poll", "notify"))
+    """``wake``: "poll" (default), "notify" (PostgreSQL tables only) or "wal" (kind = "pg_logical"
+    only); the last two only with a linger."""
+    wake = _choice(raw, prefix, "wake", "poll", ("poll", "notify", "wal"))
     if wake == "poll":
         return wake
     if not (_num(raw, prefix, "linger_seconds", 0.0, 0.0) or 0.0):
         raise ConfigError(f"{prefix}.wake", "wakes a lingering tick: set linger_seconds too", hint="linger_seconds = 4")
+    if wake == "wal":
+        if raw.get("kind") != "pg_logical":
+            raise ConfigError(
+                f"{prefix}.wake",
+                '"wal" watches the WAL flush position: it needs kind = "pg_logical"',
+                hint='for a keyset or outbox poller on PostgreSQL use wake = "notify" (a trigger) or "poll"',
+            )
+        return wake
     if source_url and not source_url.split(":", 1)[0].startswith("postgresql"):  # "": a missing setting
         raise ConfigError(f"{prefix}.wake", '"notify" needs a PostgreSQL source (LISTEN/NOTIFY)')
     if raw.get("query") is not None:
