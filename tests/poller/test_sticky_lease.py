@@ -21,6 +21,7 @@ from poller.source import SqlSource
 from poller.state_blob import BlobStateStore
 from poller.tick import run_tick
 from shared.config import PollerConfig
+from shared.errors import EnqueueError
 from shared.models import Checkpoint, Lease, StateDoc
 from tests.poller.conftest import APP, FakeClock, StoreHarness
 from tests.poller.tick_support import RecordingSink, SourceTable, make_poller
@@ -205,3 +206,34 @@ def test_idle_ticks_cost_at_most_a_tenth_of_a_storage_request_each(
     assert set(idle) <= {"PUT"}
     assert len(idle) / 100 <= 0.1, idle
     assert len(idle) == 6  # at t = 15, 30, 45, 60, 75, 90 s
+
+
+def test_the_owner_is_told_whenever_it_does_not_hold_the_lease_or_gives_it_up(
+    harness: StoreHarness, table: SourceTable, poller: PollerConfig, clock: FakeClock
+) -> None:
+    # Given owner A, whose runtime wants to know when it stops holding the lease (to close LISTEN)
+    told: list[str] = []
+    source, sink = SqlSource(poller), RecordingSink()
+    a = StickyLease(
+        harness.make(clock), "A", dt.timedelta(seconds=TTL_S), source.fingerprint, clock=clock,
+        on_not_owner=lambda: told.append("A"),
+    )  # fmt: skip
+    # When A ticks as the owner, Then nothing is said
+    assert _tick(poller, source, a, sink, clock).stop_reason == "caught_up"
+    assert told == []
+    # When A pauses past the TTL and B takes the lease over, Then A's next tick tells A
+    clock.advance(TTL_S + 10)
+    assert _tick(poller, source, _lease(harness.make(clock), "B", source, clock), sink, clock).fencing_token == 2
+    assert _tick(poller, source, a, sink, clock).stop_reason == "lease_held"
+    assert told == ["A"]
+    # When A holds it again and a tick fails (the sink refuses), Then A gave it up and is told so
+    clock.advance(TTL_S + 10)
+    table.upsert([1])
+    sink.fail_next = 1
+    with pytest.raises(EnqueueError):
+        _tick(poller, source, a, sink, clock)
+    assert told == ["A", "A"]
+    # And a graceful stop tells it too
+    assert _tick(poller, source, a, sink, clock).rows == 1
+    a.release()
+    assert told == ["A", "A", "A"]
