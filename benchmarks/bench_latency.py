@@ -1,7 +1,8 @@
 """Commit-to-handler latency and host memory under ``dbfanout run`` (run by hand).
 
     python benchmarks/bench_latency.py latency [--rate 1000] [--seconds 60] [--linger 1 --poll-ms 50]
-                                               [--db sqlite|postgresql|pg_logical] [--wake notify]
+                                               [--db sqlite|postgresql|pg_logical] [--wake notify|wal]
+                                               [--txn-per-s 20] [--db-cost]
                                                [--batch 500] [--max-batches N] [--snapshot-rows N]
     python benchmarks/bench_latency.py catchup [--rows 1000000] [--baseline DIR]
 
@@ -14,7 +15,13 @@ the project's Service Bus emulator and a SQLite source in WAL mode.
   ``--linger S`` sets ``linger_seconds`` (the tick polls every ``--poll-ms`` until 0.1 s before the
   next second); ``--db postgresql`` uses a PostgreSQL schema of its own with ``xid_column``, and
   ``--wake notify`` (with it) wakes the linger by LISTEN/NOTIFY instead of polling; ``--db
-  pg_logical`` reads a published table through a replication slot (wal_level = logical).
+  pg_logical`` reads a published table through a replication slot (wal_level = logical); with it
+  ``--wake wal`` wakes the linger when the WAL flush position moves (no trigger). ``--txn-per-s``
+  sets the writer's transactions a second (``--rate`` rows spread over them). ``--db-cost`` (with
+  ``--db pg_logical``) runs in a database of its own and reports the poller's cost on the server
+  while the writer runs: the CPU of its backends (application_name bench_poller, read from /proc:
+  the server must run on this machine), the writer's backends' CPU (bench_writer: a trigger and
+  the notify lock are paid there), and the database's transactions a second less the writer's.
   Targets: p99 <= 2 s; with linger p50 <= 0.10 s, p99 <= 0.25 s (issue 23).
   ``--snapshot-rows N`` (with ``--db pg_logical``; issue 25): a second table of N rows, written
   before the slot, is among the poller's tables (own signal table). After ``--seconds`` of the
@@ -198,7 +205,9 @@ handler = "bench_handler:handle"
 """
 
 
-def _pg_logical_source(app: AppDir, more: str, batch: int = 500, snapshot_rows: int = 0) -> tuple[sa.Engine, Any]:
+def _pg_logical_source(
+    app: AppDir, more: str, batch: int = 500, snapshot_rows: int = 0, url: str | None = None
+) -> tuple[sa.Engine, Any]:
     """A published table with its slot (wal_level = logical); returns the engine and (the table, a
     cleanup, the snapshot table). With ``snapshot_rows``, a second table of that many rows, written
     before the slot exists (rows only a snapshot delivers), is among the poller's tables, and the
@@ -207,6 +216,7 @@ def _pg_logical_source(app: AppDir, more: str, batch: int = 500, snapshot_rows: 
     from shared.config import parse_config
     from tests.support.databases import PG_URL, unique_name
 
+    PG_URL = url or PG_URL  # --db-cost: the database of its own
     table = unique_name("lglat")
     snap = f"{table}_snap" if snapshot_rows else None
     queue = re.search(r'queue = "([^"]+)"', (app.root / "dbfanout.toml").read_text())
@@ -215,7 +225,7 @@ def _pg_logical_source(app: AppDir, more: str, batch: int = 500, snapshot_rows: 
     if snap:
         text = text.replace(f'tables = ["{table}"]', f'tables = ["{table}", "{snap}"]\nsignal_table = "{table}_signal"')
     (app.root / "dbfanout.toml").write_text(text)
-    engine = sa.create_engine(PG_URL)
+    engine = sa.create_engine(_with_app_name(PG_URL, "bench_writer"))
     with engine.begin() as conn:
         conn.exec_driver_sql(
             f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, v TEXT, committed_at FLOAT)"
@@ -239,6 +249,11 @@ def _pg_logical_source(app: AppDir, more: str, batch: int = 500, snapshot_rows: 
         create_notify_triggers(config)
 
     def cleanup() -> None:
+        if url:  # the database of its own goes, with its slot
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"SELECT pg_drop_replication_slot('{table}')")
+            engine.dispose()
+            return
         with engine.begin() as conn:
             conn.exec_driver_sql(f"SELECT pg_drop_replication_slot('{table}')")
             conn.exec_driver_sql(f"DROP PUBLICATION IF EXISTS {table}")
@@ -259,22 +274,58 @@ def _poller_keys(args: argparse.Namespace) -> str:
     return more
 
 
+def _pg_logical_setup(
+    args: argparse.Namespace, tmp: Path, more: str
+) -> tuple[AppDir, object, object, sa.Engine, Any, DbCost | None]:
+    """``--db pg_logical``: the app, its servers, the writer's engine, the table (and its cleanup),
+    and with ``--db-cost`` the database of its own that measures the poller's cost (dropped by
+    the cleanup)."""
+    from tests.support.databases import PG_URL
+
+    cost = DbCost(PG_URL) if args.db_cost else None
+    url = cost.url if cost else PG_URL
+    app, azurite, emulator_cm = _prepare(tmp, batch=args.batch, source_url=_with_app_name(url, "bench_poller"))
+    engine, logical = _pg_logical_source(
+        app,
+        more + (f'wake = "{args.wake}"\n' if args.wake != "poll" else ""),
+        batch=args.batch,
+        snapshot_rows=args.snapshot_rows,
+        url=url if cost else None,
+    )
+    if cost is not None:
+        table, cleanup, snap = logical
+
+        def cleanup_all() -> None:
+            cleanup()
+            cost.drop()
+
+        logical = (table, cleanup_all, snap)
+    return app, azurite, emulator_cm, engine, logical, cost
+
+
+def _start_writer(thread: threading.Thread, cost: DbCost | None) -> None:
+    """Start the writer, and with ``--db-cost`` the window its cost is measured in."""
+    if cost is not None:
+        cost.start()
+    thread.start()
+
+
+def _cost_report(cost: DbCost | None, writer_txns: int) -> None:
+    """With ``--db-cost``: end its window (every row handled) and print what the poller cost."""
+    if cost is not None:
+        cost.stop(txns=writer_txns)
+        print(cost.report(), flush=True)
+
+
 def latency(args: argparse.Namespace, tmp: Path) -> None:
     if args.snapshot_rows and args.db != "pg_logical":
         sys.exit("--snapshot-rows is for --db pg_logical")
     more = _poller_keys(args)
     schema = None
     logical: Any = None
+    cost: DbCost | None = None
     if args.db == "pg_logical":
-        from tests.support.databases import PG_URL
-
-        app, azurite, emulator_cm = _prepare(tmp, batch=args.batch, source_url=PG_URL)
-        engine, logical = _pg_logical_source(
-            app,
-            more + ('wake = "notify"\n' if args.wake == "notify" else ""),
-            batch=args.batch,
-            snapshot_rows=args.snapshot_rows,
-        )
+        app, azurite, emulator_cm, engine, logical, cost = _pg_logical_setup(args, tmp, more)
     elif args.db == "postgresql":
         from tests.host.app_support import drop_pg_schema, pg_schema_url
         from tests.support.databases import PG_URL, unique_name
@@ -310,7 +361,7 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
     written = [0]
 
     def writer() -> None:
-        per_txn = max(1, args.rate // 20)
+        per_txn = max(1, args.rate // args.txn_per_s)
         next_at = time.monotonic()
         while not stop.is_set():
             with engine.begin() as conn:
@@ -321,19 +372,20 @@ def latency(args: argparse.Namespace, tmp: Path) -> None:
                     [{"i": base + k + 1, "t": now} for k in range(per_txn)],
                 )
             written[0] += per_txn
-            next_at += 0.05
+            next_at += 1 / args.txn_per_s
             time.sleep(max(0.0, next_at - time.monotonic()))
 
     try:
         wait_for(host.started, 60, "the host to start")
         thread = threading.Thread(target=writer, daemon=True)
         began = time.time()
-        thread.start()
+        _start_writer(thread, cost)
         time.sleep(args.seconds)
         snapshot = _snapshot(app, logical[2], args) if args.snapshot_rows else None
         stop.set()
         thread.join()
         wait_for(lambda: len(_lines(out)) >= written[0], 120, "every row to be handled")
+        _cost_report(cost, written[0] // max(1, args.rate // args.txn_per_s))
         if snapshot is not None:
             _print_snapshot_latency(_rows(out), began, args, *snapshot)
             return
@@ -409,6 +461,107 @@ def _print_snapshot_latency(
         f"(first to last read event handled); {rows / (last - requested):,.0f} rows/s from the request "
         f"(dbfanout snapshot, {first - requested:.1f} s to the first row)"
     )
+
+
+def _with_app_name(url: str, name: str) -> str:
+    """``url`` with ``application_name`` set, so the server's views tell its sessions apart."""
+    return sa.engine.make_url(url).update_query_dict({"application_name": name}).render_as_string(hide_password=False)
+
+
+class DbCost:
+    """The poller's cost on a local PostgreSQL server, in a database of its own (``--db-cost``).
+
+    Samples every backend of each application name twice a second (``/proc/<pid>/stat``: CPU
+    since the backend started, so one that appears mid-run counts from its start) and reads the
+    database's transaction counters at both ends of the window: from the writer's start until
+    every row was handled.
+    """
+
+    APPS = ("bench_poller", "bench_writer")
+
+    def __init__(self, base_url: str) -> None:
+        self.name = f"bench_cost_{uuid.uuid4().hex[:8]}"
+        self._admin = sa.create_engine(base_url, isolation_level="AUTOCOMMIT")
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {self.name}")
+        self.url = sa.engine.make_url(base_url).set(database=self.name).render_as_string(hide_password=False)
+        self._first: dict[int, float] = {}
+        self._last: dict[int, tuple[str, float]] = {}
+        self._xacts = 0
+        self._seconds = 0.0
+        self._began = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _backends(self) -> list[tuple[int, str]]:
+        with self._admin.connect() as conn:
+            rows = conn.execute(
+                sa.text("SELECT pid, application_name FROM pg_stat_activity WHERE datname = :db"), {"db": self.name}
+            )
+            return [(int(r[0]), str(r[1])) for r in rows if r[1] in self.APPS]
+
+    def _transactions(self) -> int:
+        with self._admin.connect() as conn:
+            row = conn.execute(
+                sa.text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :db"),
+                {"db": self.name},
+            ).one()
+            return int(row[0])
+
+    def _sample(self, first: bool = False) -> None:
+        while True:
+            for pid, app in self._backends():
+                cpu = _cpu_seconds(pid)
+                self._first.setdefault(pid, cpu if first else 0.0)
+                self._last[pid] = (app, cpu)
+            first = False
+            if self._stop.wait(0.5):
+                return
+
+    def start(self) -> None:
+        self._began = time.monotonic()
+        self._xacts = self._transactions()
+        for pid, app in self._backends():
+            cpu = _cpu_seconds(pid)
+            self._first[pid], self._last[pid] = cpu, (app, cpu)
+        self._thread.start()
+
+    def stop(self, txns: int) -> None:
+        """End the window; ``txns``: the writer's transactions in it (subtracted from the count).
+
+        A busy backend reports its counters to the database's only now and then (PostgreSQL 15:
+        after 10 s idle, or when it exits), so the window ends by terminating the measured
+        backends (the poller reconnects at its next tick) and reading the counters after they left.
+        """
+        self._stop.set()
+        self._thread.join()
+        self._seconds = time.monotonic() - self._began
+        with self._admin.connect() as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                    " WHERE datname = :db AND application_name = ANY(:apps)"
+                ),
+                {"db": self.name, "apps": list(self.APPS)},
+            )
+        time.sleep(1.0)  # the stats of exited backends land in the shared counters
+        self._xacts = self._transactions() - self._xacts - txns
+
+    def report(self) -> str:
+        cpu = dict.fromkeys(self.APPS, 0.0)
+        for pid, (app, last) in self._last.items():
+            cpu[app] += last - self._first.get(pid, 0.0)
+        s = self._seconds
+        return (
+            f"db cost over {s:.0f} s: poller backends CPU {cpu['bench_poller'] / s * 1000:.1f} ms/s, "
+            f"writer backends CPU {cpu['bench_writer'] / s * 1000:.1f} ms/s, "
+            f"poller transactions {self._xacts / s:.1f}/s (database's less the writer's)"
+        )
+
+    def drop(self) -> None:
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+        self._admin.dispose()
 
 
 def _rss_mb(pid: int) -> float:
@@ -656,7 +809,14 @@ def main() -> None:
     lat.add_argument(
         "--db", choices=("sqlite", "postgresql", "pg_logical"), default="sqlite", help="postgresql: xid_column"
     )
-    lat.add_argument("--wake", choices=("poll", "notify"), default="poll", help="notify: PostgreSQL, with --linger")
+    lat.add_argument(
+        "--wake",
+        choices=("poll", "notify", "wal"),
+        default="poll",
+        help="notify: PostgreSQL; wal: pg_logical; with --linger",
+    )
+    lat.add_argument("--txn-per-s", type=int, default=20, help="the writer's transactions a second")
+    lat.add_argument("--db-cost", action="store_true", help="pg_logical: the poller's CPU and queries on the server")
     lat.add_argument("--batch", type=int, default=500, help="the poller's batch_size")
     lat.add_argument("--max-batches", type=int, default=0, help="max_batches_per_tick (0: the poller's default)")
     lat.add_argument(

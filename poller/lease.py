@@ -1,13 +1,21 @@
-"""The lease protocol: pure state transitions (shared by every StateStore adapter) and LeaseKeeper.
+"""The lease, all of it: the protocol's pure transitions, and the lease's life in a process.
 
-The transitions (:func:`acquired`, :func:`heartbeated`, :func:`committed`, :func:`released`) are
-pure functions of a :class:`~shared.models.StateDoc` and a clock reading; each adapter sends
-their result in exactly one conditional write (STYLE R1), so the blob store and the in-memory
-fake cannot drift apart.
+The only module the tick (:mod:`poller.tick`) calls for the lease: it takes a :class:`TickLease`
+at its start — :class:`StickyLease` (kept across ticks by a running app) or :class:`PerTickLease`
+(acquired and released each tick) — works under the :class:`LeaseKeeper` it gets, and finishes
+with it. Take, keep, renew, release and take-over are decided here and nowhere else:
 
-:class:`LeaseKeeper` holds the snapshot of one tick: commits extend the lease in the same write,
-heartbeats go out only when the remaining time runs low (R11), and a background renewer stores a
-lost lease so the next commit refuses to write (seed case H).
+* The transitions (:func:`acquired`, :func:`heartbeated`, :func:`committed`, :func:`released`)
+  are pure functions of a :class:`~shared.models.StateDoc` and a clock reading; each StateStore
+  adapter sends their result in exactly one conditional write (STYLE R1,
+  :class:`~poller.state_store.ConditionalStateStore`), so the blob store and the in-memory fake
+  cannot drift apart.
+* :class:`LeaseKeeper` holds the snapshot of one tick: commits extend the lease in the same
+  write, heartbeats go out only when the remaining time runs low (R11; half the TTL, see
+  :mod:`shared.lease_margins` for why two timed-out heartbeats still fit before expiry), and a
+  background renewer stores a lost lease so the next commit refuses to write (seed case H).
+* :class:`StickyLease` keeps the keeper between ticks, reloads after a failed CAS (a take-over),
+  gives the lease up after a failed tick and releases it on a graceful stop.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from poller.ports import Snapshot, StateStore
 from shared.errors import (
@@ -29,12 +37,16 @@ from shared.errors import (
     LostLeaseError,
     StateUnavailableError,
 )
+from shared.lease_margins import renew_interval, renew_threshold
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Lease, StateDoc
 
 __all__ = [
     "Clock",
     "LeaseKeeper",
+    "PerTickLease",
+    "StickyLease",
+    "TickLease",
     "acquired",
     "check_poller_name",
     "committed",
@@ -182,6 +194,7 @@ class LeaseKeeper:
         self._store = store
         self._snap = snapshot
         self._ttl = ttl
+        self._renew_below = dt.timedelta(seconds=renew_threshold(ttl.total_seconds()))
         self._clock = clock
         self._lock = threading.RLock()
         self._lost: LostLeaseError | None = None
@@ -206,6 +219,12 @@ class LeaseKeeper:
     @property
     def ttl(self) -> dt.timedelta:
         return self._ttl
+
+    def time_left(self) -> dt.timedelta:
+        """How long the lease lasts as this keeper last wrote or read it (negative once expired)."""
+        with self._lock:
+            expires_at = self._snap.doc.lease.expires_at
+        return expires_at - self._clock() if expires_at is not None else dt.timedelta(0)
 
     @property
     def lost(self) -> LostLeaseError | None:
@@ -270,7 +289,8 @@ class LeaseKeeper:
             return self._snap
 
     def heartbeat_if_due(self, *, blocking: bool = True) -> bool:
-        """Extend the lease when less than a third of the TTL remains. True when a write went out.
+        """Extend the lease when less than half the TTL remains (:mod:`shared.lease_margins`).
+        True when a write went out.
 
         ``blocking=False``: skip (False) when a commit holds the keeper; it extends the lease itself.
         Raises LostLeaseError (stored for the next commit) or StateUnavailableError.
@@ -287,7 +307,7 @@ class LeaseKeeper:
         if not self._ready("heartbeat"):
             return False
         expires_at = self._snap.doc.lease.expires_at
-        if expires_at is not None and expires_at - self._clock() > self._ttl / 3:
+        if expires_at is not None and expires_at - self._clock() > self._renew_below:
             return False
         try:
             self._snap = self._store.heartbeat(self._snap, self._ttl)
@@ -359,13 +379,13 @@ class LeaseKeeper:
 
     @contextmanager
     def renewing_in_background(self, interval: float | None = None) -> Iterator[LeaseKeeper]:
-        """Run ``heartbeat_if_due`` every ``interval`` seconds (default TTL/6) while the body runs.
+        """Run ``heartbeat_if_due`` every ``interval`` seconds (default TTL/10) while the body runs.
 
         A lost lease is stored (the next ``commit``/``check`` raises it) and ends the renewal;
         transient failures are logged and retried on the next interval. The renewals run on the
         process's one renewer thread (:class:`_Renewals`), not on a thread per tick.
         """
-        period = interval if interval is not None else self._ttl.total_seconds() / 6
+        period = interval if interval is not None else renew_interval(self._ttl.total_seconds())
         _RENEWALS.add(self, period)
         try:
             yield self
@@ -384,6 +404,189 @@ class LeaseKeeper:
         except Exception as exc:  # a renewer must not die silently on an unexpected error
             log.exception("heartbeat crashed; retrying", extra=self._ids(error=repr(exc)))
         return True
+
+
+# --------------------------------------------------------------------------------------------
+# The lease's life across ticks: take, keep, renew (the keeper), release, take-over
+
+
+class TickLease(Protocol):
+    """What a tick asks of the lease (:func:`poller.tick.run_tick`): take it, then finish with it."""
+
+    def take(self) -> LeaseKeeper | None:
+        """The lease for this tick, or None when another owner holds it."""
+
+    def finish(self, keeper: LeaseKeeper, *, failed: bool) -> None:
+        """After the tick: keep, give up or release the lease. Never raises."""
+
+
+class PerTickLease:
+    """A lease taken at each tick's start and released at its end (one-shot runs, tests).
+
+    Each tick costs an acquire (a read and a write) and a release (a write); a running app keeps
+    its lease instead (:class:`StickyLease`).
+    """
+
+    def __init__(
+        self, store: StateStore, owner_id: str, ttl: dt.timedelta, fingerprint: str, *, clock: Clock = utcnow
+    ) -> None:
+        self.store = store
+        self.owner_id = owner_id
+        self.ttl = ttl
+        self.fingerprint = fingerprint
+        self.clock = clock
+
+    def take(self) -> LeaseKeeper | None:
+        """Acquire (one CAS), or None when held elsewhere. Storage errors propagate."""
+        snap = self.store.try_acquire(self.owner_id, self.ttl, self.fingerprint)
+        return None if snap is None else LeaseKeeper(self.store, snap, self.ttl, clock=self.clock)
+
+    def finish(self, keeper: LeaseKeeper, *, failed: bool) -> None:
+        """Release (best effort; a lost lease is left alone): the next tick may take it at once."""
+        keeper.release()
+
+
+class StickyLease:
+    """One poller's lease as held by this process across ticks (one tick at a time).
+
+    Without it every tick acquires (a read and a write) and releases (a write): three storage
+    requests for a tick that finds nothing. With it the process that won the lease keeps the
+    :class:`LeaseKeeper` — the state document and its ETag — in memory:
+
+    * a tick starts with no storage request while the lease has more than half its TTL left, and
+      with one conditional write (a heartbeat on the cached ETag) when it has not; a heartbeat
+      that times out while the lease still has time left does not fail the tick (the renewer
+      retries);
+    * a tick that sends nothing writes nothing; a commit is one CAS on the cached ETag, as before;
+    * a CAS that fails (412: someone else wrote — a takeover after expiry, an operator's reset)
+      drops the cached snapshot; the next start reloads and acts on what is stored (seed 002 §6:
+      a live foreign lease is never taken, a free or lapsed one is taken with the token bumped);
+    * a tick that fails, or whose last commit is in doubt, gives the snapshot up (released when
+      that is safe), so the next start reloads: what is stored is the truth;
+    * :meth:`release` on a graceful stop frees it for the next instance at once; after a crash the
+      lease lapses after ``lease_ttl_seconds`` (plus the skew margin).
+
+    ``on_not_owner`` runs (outside the lease's lock, never raising into it) whenever the process
+    learns it does not hold the lease or gives it up: held elsewhere, lost, released, or a failed
+    tick. The runtime closes the poller's LISTEN connection there (:mod:`poller.wake`).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        owner_id: str,
+        ttl: dt.timedelta,
+        fingerprint: str,
+        *,
+        clock: Clock = utcnow,
+        on_not_owner: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.owner_id = owner_id
+        self.ttl = ttl
+        self.fingerprint = fingerprint
+        self.clock = clock
+        self._on_not_owner = on_not_owner
+        self._keeper: LeaseKeeper | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def held(self) -> LeaseKeeper | None:
+        """The keeper kept from the last tick, if any (a view: no storage request)."""
+        with self._lock:
+            return self._keeper
+
+    def take(self) -> LeaseKeeper | None:
+        """The lease for this tick, or None when another owner holds it.
+
+        The kept keeper costs nothing while more than half the TTL remains, one heartbeat CAS
+        otherwise. A renewal that finds the blob changed (LostLeaseError) drops the cached
+        snapshot and reloads at once. A renewal that fails (StateUnavailableError) while the lease
+        has more than one renewer interval left hands the keeper to the tick, whose renewer
+        retries. Other storage errors propagate (the snapshot is dropped first: the next take
+        reloads, and recognises a lease that still names us).
+        """
+        try:
+            with self._lock:
+                keeper = self._take_locked()
+        except BaseException:
+            self._not_owner()  # may or may not hold it: the next take finds out
+            raise
+        if keeper is None:
+            self._not_owner()
+        return keeper
+
+    def _take_locked(self) -> LeaseKeeper | None:
+        keeper = self._keeper
+        if keeper is not None:
+            try:
+                keeper.heartbeat_if_due()
+                if keeper.settled:
+                    return keeper
+            except LostLeaseError:
+                log.info(
+                    "the state blob changed since our last write; reloading",
+                    extra=ids(poller=self.store.poller_name, window="W4", fencing_token=keeper.fencing_token),
+                )
+            except StateUnavailableError as exc:
+                if keeper.time_left().total_seconds() <= renew_interval(self.ttl.total_seconds()):
+                    self._keeper = None
+                    raise
+                # One slow request: the lease still holds, and the tick's renewer retries (the
+                # next write first reloads, since this one may have landed).
+                log.warning(
+                    "lease renewal failed; the tick goes on under the lease and retries it",
+                    extra=ids(poller=self.store.poller_name, fencing_token=keeper.fencing_token, error=str(exc)),
+                )
+                return keeper
+            except BaseException:
+                self._keeper = None
+                raise
+            self._keeper = None
+        snap = self.store.try_acquire(self.owner_id, self.ttl, self.fingerprint)
+        if snap is None:
+            return None
+        self._keeper = LeaseKeeper(self.store, snap, self.ttl, clock=self.clock)
+        return self._keeper
+
+    def finish(self, keeper: LeaseKeeper, *, failed: bool) -> None:
+        """After a tick: keep the lease, or give it up after a failure (:meth:`keep`, :meth:`drop`)."""
+        if failed:
+            self.drop(keeper)
+        else:
+            self.keep(keeper)
+        if failed or keeper.lost is not None:
+            self._not_owner()
+
+    def keep(self, keeper: LeaseKeeper) -> None:
+        """After a tick: keep the snapshot for the next one when it is still certain, else drop it."""
+        with self._lock:
+            if keeper is self._keeper and not keeper.settled:
+                self._keeper = None
+
+    def drop(self, keeper: LeaseKeeper) -> None:
+        """After a failed tick: release the lease (best effort) and forget the snapshot."""
+        with self._lock:
+            if keeper is self._keeper:
+                self._keeper = None
+        keeper.release()
+
+    def release(self) -> None:
+        """Graceful stop: give the lease up so another instance takes over at its next tick."""
+        with self._lock:
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.release()
+            log.info("lease released on shutdown", extra=ids(poller=self.store.poller_name))
+        self._not_owner()
+
+    def _not_owner(self) -> None:
+        if self._on_not_owner is None:
+            return
+        try:
+            self._on_not_owner()
+        except Exception as exc:  # a hook must not turn a lease outcome into a failed tick
+            log.warning("on_not_owner failed: %r", exc, extra=ids(poller=self.store.poller_name))
 
 
 class _Renewals:

@@ -2,7 +2,7 @@
 
 Built lazily on the first tick (``function_app.py`` indexing must open no connections) and
 reused afterwards: opening a Service Bus sender costs about a second. The poller's lease is kept
-between ticks too (:mod:`poller.sticky`) and released by :meth:`PollerRuntime.close`.
+between ticks too (:class:`~poller.lease.StickyLease`) and released by :meth:`PollerRuntime.close`.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from collections.abc import Callable
 from azure.servicebus import ServiceBusClient
 
 from poller.backoff import SinkRefusals
+from poller.lease import StickyLease
 from poller.ports import Sink, Source, StateStore
 from poller.sink_queue import ClaimCheckHook
 from poller.sink_servicebus import ServiceBusSink
 from poller.sink_storagequeue import StorageQueueSink
 from poller.state_blob import open_state_store
-from poller.sticky import StickyLease
 from poller.tick import TickResult, default_owner_id, run_tick
-from poller.wake import NotifyWaker
+from poller.wake import Waker, open_waker
 from shared.claimcheck import open_claim_check
 from shared.closing import close_and_clear
 from shared.config import Config
@@ -61,7 +61,7 @@ class PollerRuntime:
         self.owner_id = owner_id or default_owner_id()
         self._lease: StickyLease | None = None
         self._stopping = threading.Event()
-        self._waker: NotifyWaker | None = None
+        self._waker: Waker | None = None
         self._lock = threading.Lock()  # one tick at a time in this process
         self.refusals = SinkRefusals(self.poller.name)  # a refusing broker's backoff, across ticks
 
@@ -78,7 +78,10 @@ class PollerRuntime:
         if self._store is None:
             app = self.config.app
             conn = storage_connection(self.config.settings, app.state_connection)
-            self._store = open_state_store(conn, app.state_container, app.name, self.poller.name)
+            # The timeout the lease margins allow: two timed-out heartbeats fit before expiry.
+            self._store = open_state_store(
+                conn, app.state_container, app.name, self.poller.name, request_timeout=self.poller.state_timeout
+            )
         return self._store
 
     @property
@@ -108,10 +111,12 @@ class PollerRuntime:
 
     @property
     def lease(self) -> StickyLease:
-        """The lease this process keeps between ticks (:mod:`poller.sticky`)."""
+        """The lease this process keeps between ticks (:class:`~poller.lease.StickyLease`)."""
         if self._lease is None:
             ttl = dt.timedelta(seconds=self.poller.lease_ttl_seconds)
-            self._lease = StickyLease(self.store, self.owner_id, ttl, self.source.fingerprint)
+            self._lease = StickyLease(
+                self.store, self.owner_id, ttl, self.source.fingerprint, on_not_owner=self._stop_listening
+            )
         return self._lease
 
     def tick(self, next_occurrence: dt.datetime | None = None) -> TickResult:
@@ -131,11 +136,19 @@ class PollerRuntime:
                 refusals=self.refusals,
             )
 
+    def _stop_listening(self) -> None:
+        """Close the LISTEN connection when this process learns it does not hold the lease (or
+        gives it up): the owner listens (and reads); a connection nobody reads would pin
+        PostgreSQL's notification queue. The next tick that holds the lease listens again."""
+        if self._waker is not None:
+            self._waker.close()
+
     @property
-    def waker(self) -> NotifyWaker | None:
-        """The LISTEN connection of a ``wake = "notify"`` poller, kept across ticks."""
-        if self._waker is None and self.poller.wake == "notify":
-            self._waker = NotifyWaker(self.poller)
+    def waker(self) -> Waker | None:
+        """How a lingering tick waits for a commit (``wake = "notify"``: LISTEN; ``"wal"``: the WAL
+        flush position), kept across ticks while this process holds the lease."""
+        if self._waker is None:
+            self._waker = open_waker(self.poller)
         return self._waker
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """One timer tick: the poller's lifecycle, in the order seed 001 §2 gives it.
 
 **acquire** the lease (one CAS; the same read loads the checkpoint and refuses a foreign source
-fingerprint; a process that kept its lease from the last tick reuses it, :mod:`poller.sticky`)
+fingerprint; a process that kept its lease from the last tick reuses it; :mod:`poller.lease`
+decides all of the lease's life, the tick only takes and finishes it)
 → up to ``max_batches_per_tick`` pages within the time budget: **fetch** →
 **send** → **commit** (only after the sink accepted every message; the write also extends the
 lease) → **acknowledge** (the source's housekeeping once the tick's last write landed) →
@@ -39,11 +40,10 @@ from zoneinfo import ZoneInfo
 from poller.backoff import METADATA_KEY, SinkRefusals
 from poller.committer import Committer
 from poller.events import page_batch
-from poller.lease import LeaseKeeper
+from poller.lease import LeaseKeeper, PerTickLease, TickLease
 from poller.ports import CountsPending, Page, Sink, Source, StateStore
 from poller.prefetch import PageReader, Prefetcher, Sequential
-from poller.sticky import StickyLease
-from poller.wake import NotifyWaker
+from poller.wake import Waker
 from shared.config import PollerConfig
 from shared.errors import BrokerRefusingError, CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
@@ -99,24 +99,25 @@ def run_tick(
     owner_id: str | None = None,
     clock: Callable[[], dt.datetime] = _utcnow,
     monotonic: Callable[[], float] = time.monotonic,
-    lease: StickyLease | None = None,
+    lease: TickLease | None = None,
     next_occurrence: dt.datetime | None = None,
     stop: threading.Event | None = None,
-    waker: NotifyWaker | None = None,
+    waker: Waker | None = None,
     refusals: SinkRefusals | None = None,
 ) -> TickResult:
     """Run one tick of ``poller``. Raises the typed error of a failed step (after releasing).
 
-    With ``lease`` (the process's :class:`~poller.sticky.StickyLease` for this poller) the lease
+    With ``lease`` (the process's :class:`~poller.lease.StickyLease` for this poller) the lease
     and its snapshot are kept for the next tick instead of being released: a tick that finds
-    nothing costs no storage request. Without it the tick acquires and releases its own lease.
+    nothing costs no storage request. Without it the tick acquires and releases its own lease
+    (:class:`~poller.lease.PerTickLease`).
 
     With ``linger_seconds`` set, a tick that caught up (or sent its ``max_batches_per_tick`` pages
     with more to read) keeps polling (:meth:`Tick.linger`) until
     ``linger_seconds`` after its start or :data:`LINGER_MARGIN` before ``next_occurrence`` (the
     timer's next firing, when known), whichever comes first; ``stop`` cuts it short (shutdown).
-    With ``waker`` (``wake = "notify"``) the linger waits for a commit's notification instead of
-    polling; it listens before the tick's first fetch, so a commit in between is not missed.
+    With ``waker`` (``wake = "notify"`` or ``"wal"``) the linger waits for a sign of a commit instead
+    of polling; it listens before the tick's first fetch, so a commit in between is not missed.
 
     ``refusals`` (the process's :class:`~poller.backoff.SinkRefusals` for this poller) carries a
     refusing broker's backoff across ticks: a tick inside its window returns ``sink_refusing``
@@ -128,7 +129,10 @@ def run_tick(
     linger_until = tick.linger_deadline(next_occurrence)
     if not tick.backoff_over(linger_until):
         return TickResult(poller.name, "sink_refusing")
-    keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
+    if lease is None:
+        ttl = dt.timedelta(seconds=poller.lease_ttl_seconds)
+        lease = PerTickLease(store, owner_id or default_owner_id(), ttl, source.fingerprint, clock=clock)
+    keeper = tick.take(lease)
     if keeper is None:
         refusals.forget()  # the holder sends (and backs off) for this poller now
         return TickResult(poller.name, "lease_held")
@@ -138,7 +142,7 @@ def run_tick(
     failed = True
     try:
         # A slow fetch or send must not let the lease lapse: heartbeat in the background (R11).
-        # It writes only when a third of the TTL is left; commits extend the lease as they land.
+        # It writes only when half the TTL is left; commits extend the lease as they land.
         with keeper.renewing_in_background(), source.pinned():
             result = tick.drain_or_back_off(keeper, linger_until)
             if linger_until is not None and result.stop_reason in LINGERS_AFTER:
@@ -161,12 +165,7 @@ def run_tick(
         tick.refused(keeper, refused)
         return TickResult(poller.name, "sink_refusing", fencing_token=keeper.fencing_token)
     finally:
-        if lease is None:
-            tick.release(keeper)
-        elif failed:
-            lease.drop(keeper)  # a failed tick lets another instance try (and the next one reloads)
-        else:
-            lease.keep(keeper)
+        lease.finish(keeper, failed=failed)  # a failed tick gives the lease up (the next one reloads)
 
 
 class Tick:
@@ -182,7 +181,7 @@ class Tick:
         monotonic: Callable[[], float] = time.monotonic,
         *,
         stop: threading.Event | None = None,
-        waker: NotifyWaker | None = None,
+        waker: Waker | None = None,
         refusals: SinkRefusals | None = None,
     ) -> None:
         self.poller = poller
@@ -199,19 +198,9 @@ class Tick:
 
     # -- the lifecycle, in order -------------------------------------------------------------
 
-    def acquire(self, store: StateStore, owner_id: str) -> LeaseKeeper | None:
-        """Take the lease, or None when another owner holds it (an outcome, not an error)."""
-        log.debug("tick started", extra=ids(poller=self.name))
-        ttl = dt.timedelta(seconds=self.poller.lease_ttl_seconds)
-        with _stage("acquire", self.name):
-            snap = store.try_acquire(owner_id, ttl, self.fingerprint)
-        if snap is None:
-            log.debug("lease held elsewhere; skipping tick", extra=ids(poller=self.name))
-            return None
-        return LeaseKeeper(store, snap, ttl, clock=self.clock)
-
-    def take(self, lease: StickyLease) -> LeaseKeeper | None:
-        """The kept lease (no storage request while it has time left), or a fresh acquire."""
+    def take(self, lease: TickLease) -> LeaseKeeper | None:
+        """Take the lease (a kept one costs no storage request while it has time left), or None
+        when another owner holds it (an outcome, not an error)."""
         log.debug("tick started", extra=ids(poller=self.name))
         with _stage("acquire", self.name):
             keeper = lease.take()
@@ -327,8 +316,8 @@ class Tick:
     def _wait(self, interval: float, remaining: float) -> bool:
         """Wait before the next poll: True to poll now, False to skip it (stopped, or no notification).
 
-        Polling: the interval (or until stopped). Notify: until a commit notifies, in slices of at
-        most a second so a stop is seen; polls at the interval while the LISTEN connection is down.
+        Polling: the interval (or until stopped). A waker (notify, wal): until it sees a commit, in
+        slices of at most a second so a stop is seen; polls at the interval while it is down.
         """
         if self.waker is None or not self.waker.ready:
             return not self.stop.wait(interval)
@@ -478,10 +467,6 @@ class Tick:
             log.warning("could not count the rows still to send: %r", exc, extra=ids(poller=self.name))
             return
         metrics.lag_rows.record(pending, attrs)
-
-    def release(self, keeper: LeaseKeeper) -> None:
-        """Give the lease up (best effort, never raises): the next tick may take it at once."""
-        keeper.release()
 
     # -- helpers -------------------------------------------------------------------------------
 

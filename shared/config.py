@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shared.errors import ConfigError
+from shared.lease_margins import default_state_timeout, margin_problem
 from shared.settings import Settings, load_settings
 
 __all__ = [
@@ -30,8 +31,8 @@ __all__ = [
 
 CONFIG_SETTING = "DBFANOUT_CONFIG"
 DEFAULT_CONFIG_NAME = "dbfanout.toml"
-#: A process keeps its poller's lease between ticks (poller/sticky.py) and renews it when a third
-#: is left: one write per 20 s at 30 s, and a crashed owner's poller resumes within ~35 s.
+#: A process keeps its poller's lease between ticks (poller/lease.py) and renews it when half is
+#: left: one write per 15 s at 30 s, and a crashed owner's poller resumes within ~35 s.
 DEFAULT_LEASE_TTL_SECONDS = 30
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")
@@ -44,7 +45,7 @@ Transport = Literal["servicebus", "storage-queue"]
 NullCursorPolicy = Literal["skip", "fail"]
 OversizePolicy = Literal["error", "claim-check"]
 SourceKind = Literal["keyset", "outbox", "pg_logical"]
-Wake = Literal["poll", "notify"]
+Wake = Literal["poll", "notify", "wal"]
 OnLostPosition = Literal["fail", "resnapshot"]
 #: Kinds whose source reads a log that can lose the changes after a checkpoint (``on_lost_position``).
 LOG_POSITION_KINDS = ("pg_logical",)
@@ -97,6 +98,8 @@ class PollerConfig:
     batch_size: int = 500
     max_batches_per_tick: int = 20
     lease_ttl_seconds: int = DEFAULT_LEASE_TTL_SECONDS
+    # The state blob's request timeout; None: the largest the lease margins allow (shared.lease_margins).
+    state_timeout_seconds: float | None = None
     settle_seconds: float = 2.0
     soft_delete_column: str | None = None
     handler: str | None = None
@@ -127,6 +130,7 @@ class PollerConfig:
     poll_interval_ms: int = 250
     # "notify" (PostgreSQL, with linger): a lingering tick waits on LISTEN instead of polling; a
     # statement-level trigger on the poller's tables (validate --fix) calls pg_notify on commit.
+    # "wal" (pg_logical, with linger): it watches the WAL flush position every poll_interval_ms.
     wake: Wake = "poll"
     # Where changes come from: "keyset" (a table or query read in cursor order, the default) or
     # "outbox" (an outbox table the application writes, see shared.outbox; cursor and pk are its own).
@@ -196,6 +200,11 @@ class PollerConfig:
             if sub.max_delivery_count:
                 return sub.max_delivery_count
         return self.deliveries
+
+    @property
+    def state_timeout(self) -> float:
+        """The state store's request timeout (seconds): set, or derived from the lease TTL."""
+        return self.state_timeout_seconds or default_state_timeout(self.lease_ttl_seconds)
 
     @property
     def time_budget_seconds(self) -> float:
@@ -373,6 +382,17 @@ def _num(raw: Mapping[str, Any], prefix: str, key: str, default: float | None, l
     return float(value)
 
 
+def _state_timeout(raw: Mapping[str, Any], prefix: str, lease_ttl: int) -> float | None:
+    """``state_timeout_seconds`` (optional): two heartbeats of it must fit before the lease expires."""
+    value = _num(raw, prefix, "state_timeout_seconds", None, 0.5)
+    if value is not None and value > 120:
+        raise ConfigError(f"{prefix}.state_timeout_seconds", f"must be at most 120 (got {value!r})")
+    problem = margin_problem(lease_ttl, value) if value is not None else None  # the default always fits
+    if problem:
+        raise ConfigError(f"{prefix}.state_timeout_seconds", problem, hint="docs/operations.md, Lease margins")
+    return value
+
+
 def _linger(raw: Mapping[str, Any], prefix: str) -> float:
     """``linger_seconds``: 0 (off) up to 600; a lingering tick keeps its timer invocation running."""
     value = _num(raw, prefix, "linger_seconds", 0.0, 0.0) or 0.0
@@ -386,12 +406,21 @@ def _linger(raw: Mapping[str, Any], prefix: str) -> float:
 
 
 def _wake(raw: Mapping[str, Any], prefix: str, source_url: str) -> Any:
-    """``wake``: "poll" (default) or "notify" (PostgreSQL tables only, and only with a linger)."""
-    wake = _choice(raw, prefix, "wake", "poll", ("poll", "notify"))
+    """``wake``: "poll" (default), "notify" (PostgreSQL tables only) or "wal" (kind = "pg_logical"
+    only); the last two only with a linger."""
+    wake = _choice(raw, prefix, "wake", "poll", ("poll", "notify", "wal"))
     if wake == "poll":
         return wake
     if not (_num(raw, prefix, "linger_seconds", 0.0, 0.0) or 0.0):
         raise ConfigError(f"{prefix}.wake", "wakes a lingering tick: set linger_seconds too", hint="linger_seconds = 4")
+    if wake == "wal":
+        if raw.get("kind") != "pg_logical":
+            raise ConfigError(
+                f"{prefix}.wake",
+                '"wal" watches the WAL flush position: it needs kind = "pg_logical"',
+                hint='for a keyset or outbox poller on PostgreSQL use wake = "notify" (a trigger) or "poll"',
+            )
+        return wake
     if source_url and not source_url.split(":", 1)[0].startswith("postgresql"):  # "": a missing setting
         raise ConfigError(f"{prefix}.wake", '"notify" needs a PostgreSQL source (LISTEN/NOTIFY)')
     if raw.get("query") is not None:
@@ -464,6 +493,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
             hint='e.g. "*/5 * * * * *" for every five seconds, or "%SETTING%"',
         )
     max_bytes = _int(raw, prefix, "max_message_bytes", 256 * 1024, 16 * 1024, 100 * 1024 * 1024)
+    lease_ttl = _int(raw, prefix, "lease_ttl_seconds", DEFAULT_LEASE_TTL_SECONDS, 10, 3600)
     missing = tuple(dict.fromkeys(n for n in _REF.findall(source_url) if n not in settings)) if lenient_settings else ()
     expanded = "" if missing else expand_refs(source_url, settings, f"{prefix}.source_url")
     return PollerConfig(
@@ -478,7 +508,8 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         schedule=schedule,
         batch_size=_int(raw, prefix, "batch_size", 500, 1, 100_000),
         max_batches_per_tick=_int(raw, prefix, "max_batches_per_tick", 20, 1, 10_000),
-        lease_ttl_seconds=_int(raw, prefix, "lease_ttl_seconds", DEFAULT_LEASE_TTL_SECONDS, 10, 3600),
+        lease_ttl_seconds=lease_ttl,
+        state_timeout_seconds=_state_timeout(raw, prefix, lease_ttl),
         settle_seconds=_num(raw, prefix, "settle_seconds", 2.0, 0.0) or 0.0,
         soft_delete_column=_str(raw, prefix, "soft_delete_column", None),
         handler=handler,

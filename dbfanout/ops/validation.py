@@ -37,6 +37,7 @@ from poller.pg_logical import PgLogicalSource
 from poller.sources import open_source
 from shared.config import Config, PollerConfig
 from shared.errors import ConfigError, DbFanoutError, OversizeRowError
+from shared.lease_margins import describe_margins, margin_problem
 from shared.messages import pack_batch
 from worker.handlers import load_handler
 
@@ -186,6 +187,14 @@ def _state_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
         yield Check(cfg.name, "state", "ok", "state blob readable, fingerprint matches")
 
 
+def lease_margins_check(cfg: PollerConfig) -> Check:
+    """How the lease renews and how many storage timeouts fit before it expires (the config load
+    already refused a combination where fewer than two fit)."""
+    problem = margin_problem(cfg.lease_ttl_seconds, cfg.state_timeout)
+    detail = problem or describe_margins(cfg.lease_ttl_seconds, cfg.state_timeout)
+    return Check(cfg.name, "lease margins", "fail" if problem else "ok", detail)
+
+
 def _fingerprint(cfg: PollerConfig) -> str | None:
     try:
         return open_source(cfg).fingerprint
@@ -273,12 +282,13 @@ def validate_poller(
     cfg = config.poller(name)
     if cfg.is_topic:
         handlers = [handler_check(cfg, app_root, sub) for sub in sorted(cfg.subscriptions)]
-        checks = [*handlers, *_source_checks(cfg, fix), *_state_checks(config, cfg)]
+        checks = [*handlers, *_source_checks(cfg, fix), *_state_checks(config, cfg), lease_margins_check(cfg)]
         if client is None:
             checks.append(Check(name, "topic", "skip", "no Service Bus connection"))
             return checks
         return [*checks, *topic_checks(config, cfg, client)]
     checks = [handler_check(cfg, app_root), *_source_checks(cfg, fix), *_state_checks(config, cfg)]
+    checks.append(lease_margins_check(cfg))
     if cfg.transport != "servicebus" or client is None:
         checks.append(Check(name, "queue", "skip", "not a Service Bus poller, or no Service Bus connection"))
         return checks

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from dbfanout.ops import checkpoints as ops
+from poller.lease import StickyLease
 from poller.source import SqlSource
 from poller.sources import open_source
-from poller.sticky import StickyLease
 from poller.tick import run_tick
 from tests.cli.conftest import said
 from tests.poller.tick_support import RecordingSink

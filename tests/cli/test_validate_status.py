@@ -221,3 +221,23 @@ def test_status_shows_a_refusing_broker_and_fails_until_it_accepts_again(workspa
     # Then status is healthy again
     healthy = workspace.run("status", "orders", "--json")
     assert healthy.exit_code == 0 and json.loads(healthy.stdout)[0]["sink_refusing"] is None
+
+
+def test_validate_shows_the_lease_margins_and_refuses_a_storage_timeout_two_heartbeats_do_not_fit(workspace):
+    # Given the default timing (lease_ttl_seconds = 30, the storage timeout it implies)
+    result = workspace.run("validate", "--json")
+    margins = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "lease margins")
+    # Then validate shows when the lease renews and that two storage timeouts fit before expiry
+    assert margins["status"] == "ok"
+    assert "renewed at 15 s left" in margins["detail"] and "2 storage timeouts of 6 s fit" in margins["detail"]
+    # When the storage timeout is set to the old 10 s, a third of the TTL: one slow heartbeat lapses the lease
+    config = workspace.config_path.read_text()
+    workspace.config_path.write_text(
+        config.replace("lease_ttl_seconds = 30\n", "lease_ttl_seconds = 30\nstate_timeout_seconds = 10\n")
+    )
+    refused = workspace.run("validate")
+    # Then validate refuses the config, naming the key and what to set
+    assert refused.exit_code == 2
+    text = said(refused)
+    assert "pollers.orders.state_timeout_seconds" in text
+    assert "set lease_ttl_seconds >= 50, or state_timeout_seconds <= 6" in text

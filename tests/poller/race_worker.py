@@ -2,7 +2,7 @@
 
 argv: db_url azurite_conn container ticks clock_offset_seconds out_path [send_delay_seconds] [sticky]
 Every accepted batch and every successful commit is appended to out_path as JSON lines. With
-``sticky`` the racer keeps its lease between ticks (poller/sticky.py) and releases it at the end.
+``sticky`` the racer keeps its lease between ticks (poller.lease.StickyLease) and releases it at the end.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import sys
 import time
 from dataclasses import replace
 
+from poller.lease import StickyLease
 from poller.source import SqlSource
 from poller.state_blob import open_state_store
-from poller.sticky import StickyLease
 from poller.tick import run_tick
 from shared.codec import dumps
 from shared.models import Batch, Checkpoint

@@ -22,11 +22,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from poller.backoff import METADATA_KEY, BackoffSchedule, SinkRefusals
+from poller.lease import StickyLease
 from poller.sink_servicebus import ServiceBusSink
 from poller.sink_storagequeue import StorageQueueSink
 from poller.source import SqlSource
 from poller.state_memory import MemoryStateStore
-from poller.sticky import StickyLease
 from poller.tick import run_tick
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
@@ -229,7 +229,7 @@ def test_a_tick_inside_the_backoff_window_sends_nothing_and_writes_nothing(
     sink = ServiceBusSink(poller, sender)
     mono = Monotonic()
     refusals = SinkRefusals("orders", monotonic=mono, rng=random.Random(3))
-    # The lease kept across ticks, as a running app keeps it (poller.sticky)
+    # The lease kept across ticks, as a running app keeps it (poller.lease.StickyLease)
     lease = StickyLease(store, "a", dt.timedelta(seconds=poller.lease_ttl_seconds), source.fingerprint)
     table.upsert(range(200))
 

@@ -39,15 +39,15 @@ def keeper(memory: MemoryStateStore, clock: FakeClock) -> LeaseKeeper:
     return LeaseKeeper(memory, _acquire(memory), TTL, clock=clock)
 
 
-def test_heartbeat_goes_out_only_when_less_than_a_third_of_the_ttl_remains__R11(
+def test_heartbeat_goes_out_only_when_less_than_half_the_ttl_remains__R11(
     keeper: LeaseKeeper, memory: MemoryStateStore, clock: FakeClock
 ) -> None:
     # Given a fresh 30 s lease (one write so far)
     writes = memory.blob.writes
-    # When 19.9 s have passed (10.1 s remain), Then no heartbeat
-    clock.advance(19.9)
+    # When 14.9 s have passed (15.1 s remain), Then no heartbeat
+    clock.advance(14.9)
     assert keeper.heartbeat_if_due() is False and memory.blob.writes == writes
-    # When 20.1 s have passed (9.9 s remain), Then one heartbeat extends it to now + ttl
+    # When 15.1 s have passed (14.9 s remain), Then one heartbeat extends it to now + ttl
     clock.advance(0.2)
     assert keeper.heartbeat_if_due() is True and memory.blob.writes == writes + 1
     assert keeper.snapshot.doc.lease.expires_at == clock() + TTL

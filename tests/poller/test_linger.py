@@ -21,10 +21,10 @@ from azure.functions.timer import TimerRequest
 
 from dbfanout.ops.notify import create_notify_triggers, drop_notify_triggers, missing_notify_triggers
 from poller.functions import next_occurrence
+from poller.lease import StickyLease
 from poller.source import SqlSource
 from poller.sources import open_source
 from poller.state_memory import MemoryStateStore
-from poller.sticky import StickyLease
 from poller.tick import LINGER_MARGIN, TickResult, run_tick
 from poller.wake import NotifyWaker, notify_trigger_name
 from shared.config import PollerConfig

@@ -1,4 +1,4 @@
-"""The sticky lease (poller/sticky.py): a process keeps its poller's lease and snapshot between ticks.
+"""The sticky lease (StickyLease, poller/lease.py): a process keeps its poller's lease and snapshot between ticks.
 
 Idle ticks cost no storage request until a renewal is due; a stale cached snapshot (another
 writer changed the blob) is found by the next write's CAS and reloaded; a lease taken over
@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from azure.storage.blob import BlobServiceClient
 
+from poller.lease import StickyLease
 from poller.source import SqlSource
 from poller.state_blob import BlobStateStore
-from poller.sticky import StickyLease
 from poller.tick import run_tick
 from shared.config import PollerConfig
+from shared.errors import EnqueueError
 from shared.models import Checkpoint, Lease, StateDoc
 from tests.poller.conftest import APP, FakeClock, StoreHarness
 from tests.poller.tick_support import RecordingSink, SourceTable, make_poller
@@ -47,7 +48,7 @@ def _lease(store: Any, owner: str, source: SqlSource, clock: FakeClock) -> Stick
     return StickyLease(store, owner, dt.timedelta(seconds=TTL_S), source.fingerprint, clock=clock)
 
 
-def test_the_owner_keeps_its_lease_between_ticks_and_renews_it_only_when_a_third_is_left(
+def test_the_owner_keeps_its_lease_between_ticks_and_renews_it_only_when_half_is_left(
     harness: StoreHarness, table: SourceTable, poller: PollerConfig, clock: FakeClock
 ) -> None:
     # Given an owner that delivered the table in its first tick
@@ -56,15 +57,15 @@ def test_the_owner_keeps_its_lease_between_ticks_and_renews_it_only_when_a_third
     lease = _lease(harness.make(clock), "A", source, clock)
     assert _tick(poller, source, lease, sink, clock).rows == 3
     after_first = harness.raw()
-    # When idle ticks follow while more than a third of the TTL is left
-    for _ in range(19):
+    # When idle ticks follow while more than half the TTL is left
+    for _ in range(14):
         clock.advance(1)
         assert _tick(poller, source, lease, sink, clock).stop_reason == "caught_up"
     # Then the state blob was not written (nor released): the lease still names A
     assert harness.raw() == after_first
     stored = harness.make(clock).load()
     assert stored is not None and stored.doc.lease.owner_id == "A"
-    # When the lease has a third of its TTL left, Then the next tick renews it (same token)
+    # When the lease has half its TTL left, Then the next tick renews it (same token)
     clock.advance(1)
     _tick(poller, source, lease, sink, clock)
     renewed = harness.make(clock).load()
@@ -200,8 +201,39 @@ def test_idle_ticks_cost_at_most_a_tenth_of_a_storage_request_each(
     for _ in range(100):
         clock.advance(1)
         assert _tick(poller, source, lease, sink, clock).stop_reason == "caught_up"
-    # Then only renewals went out: one write each 20 s, i.e. 0.05 requests a tick
+    # Then only renewals went out: one write each 15 s (half the TTL), i.e. 0.06 requests a tick
     idle = requests[first:]
     assert set(idle) <= {"PUT"}
     assert len(idle) / 100 <= 0.1, idle
-    assert len(idle) == 5  # at t = 20, 40, 60, 80, 100 s
+    assert len(idle) == 6  # at t = 15, 30, 45, 60, 75, 90 s
+
+
+def test_the_owner_is_told_whenever_it_does_not_hold_the_lease_or_gives_it_up(
+    harness: StoreHarness, table: SourceTable, poller: PollerConfig, clock: FakeClock
+) -> None:
+    # Given owner A, whose runtime wants to know when it stops holding the lease (to close LISTEN)
+    told: list[str] = []
+    source, sink = SqlSource(poller), RecordingSink()
+    a = StickyLease(
+        harness.make(clock), "A", dt.timedelta(seconds=TTL_S), source.fingerprint, clock=clock,
+        on_not_owner=lambda: told.append("A"),
+    )  # fmt: skip
+    # When A ticks as the owner, Then nothing is said
+    assert _tick(poller, source, a, sink, clock).stop_reason == "caught_up"
+    assert told == []
+    # When A pauses past the TTL and B takes the lease over, Then A's next tick tells A
+    clock.advance(TTL_S + 10)
+    assert _tick(poller, source, _lease(harness.make(clock), "B", source, clock), sink, clock).fencing_token == 2
+    assert _tick(poller, source, a, sink, clock).stop_reason == "lease_held"
+    assert told == ["A"]
+    # When A holds it again and a tick fails (the sink refuses), Then A gave it up and is told so
+    clock.advance(TTL_S + 10)
+    table.upsert([1])
+    sink.fail_next = 1
+    with pytest.raises(EnqueueError):
+        _tick(poller, source, a, sink, clock)
+    assert told == ["A", "A"]
+    # And a graceful stop tells it too
+    assert _tick(poller, source, a, sink, clock).rows == 1
+    a.release()
+    assert told == ["A", "A", "A"]

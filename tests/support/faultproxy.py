@@ -4,6 +4,9 @@
 that starts with that method reaches the server in full, the proxy waits for the server's answer
 and then closes the client's connection without passing the answer on — the client sees a
 dropped connection for a write that was carried out (an ambiguous write, seed 002 §11).
+``stall_next_request_to(b"PUT ", seconds)`` holds the next such request in the proxy for that
+long before passing it on (a slow network or a busy front end): a client that gives up first
+closes its connection, and the request never reaches the server.
 ``requests`` counts the HTTP requests that went through (benchmarks count storage calls with it).
 
 ``go_down()`` makes the server unreachable through the proxy: open connections are reset and new
@@ -16,6 +19,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from contextlib import suppress
 
 __all__ = ["FaultProxy"]
@@ -36,6 +40,9 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._armed: bytes | None = None
         self.dropped = 0  # answers swallowed so far
+        self._stall: tuple[bytes, float] | None = None
+        self.stalled = 0  # requests held back so far
+        self.abandoned = 0  # held requests whose client gave up (never passed on)
         self.requests = 0  # HTTP requests seen (a request's first bytes start a read)
         self._closed = threading.Event()
         self._down = False
@@ -45,6 +52,18 @@ class FaultProxy:
     def drop_next_response_to(self, method: bytes) -> None:
         with self._lock:
             self._armed = method
+
+    def stall_next_request_to(self, method: bytes, seconds: float) -> None:
+        with self._lock:
+            self._stall = (method, seconds)
+
+    def _take_stall(self, data: bytes) -> float | None:
+        with self._lock:
+            if self._stall is not None and data.startswith(self._stall[0]):
+                seconds, self._stall = self._stall[1], None
+                self.stalled += 1
+                return seconds
+            return None
 
     def _take_arm(self, data: bytes) -> bool:
         with self._lock:
@@ -101,7 +120,11 @@ class FaultProxy:
                             with self._lock:
                                 self.requests += 1
                         doomed = doomed or self._take_arm(data)
-                        server.sendall(data)
+                        stall = self._take_stall(data) if data.startswith(_METHODS) else None
+                        if stall is not None and not self._hold(client, data, stall, server):
+                            return
+                        if stall is None:
+                            server.sendall(data)
                     elif doomed:
                         with self._lock:
                             self.dropped += 1
@@ -116,6 +139,27 @@ class FaultProxy:
             for sock in (client, server):
                 with suppress(OSError):
                     sock.close()
+
+    def _hold(self, client: socket.socket, data: bytes, seconds: float, server: socket.socket) -> bool:
+        """Hold a request for ``seconds`` (buffering the rest of it), then pass it on.
+
+        False when the client gave up meanwhile: the request is dropped, never reaching the server.
+        """
+        held, until = bytearray(data), time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            readable, _, _ = select.select([client], [], [], left)
+            if readable:
+                try:
+                    more = client.recv(65536)
+                except OSError:
+                    more = b""  # reset by the client
+                if not more:
+                    with self._lock:
+                        self.abandoned += 1
+                    return False
+                held += more
+        server.sendall(bytes(held))
+        return True
 
 
 def _reset(sock: socket.socket) -> None:
