@@ -429,6 +429,11 @@ class PgLogicalSource:
 
     def _request(self, scan: _Scan, c: Change, signal_id: str, data: dict[str, Any]) -> None:
         """A ``dbfanout snapshot`` request read from the log: the snapshot state changes here."""
+        if scan.state is not None and signal_id == scan.state.id:
+            # A request row written by hand with the last run's id: the run's event ids must
+            # differ from that run's, or a repair would be absorbed as duplicates (its log
+            # position is the same whenever this request is read again).
+            signal_id = f"{signal_id}@{c.commit_lsn}"
         state, warning = apply_request(self._config, scan.state, data, signal_id, _commit_time(c))
         if warning:
             self._warn_once(f"request-{signal_id}", "%s", warning)
@@ -560,9 +565,10 @@ class PgLogicalSource:
         lsn, seq = at or (0, 0)
         position = Position(Lsn(lsn), {"seq": seq}, state)
         cursor = (Lsn(lsn), seq)
-        names, table, prefix = chunk.names, chunk.table, f"read/{chunk.table}/"
+        names, table, prefix = chunk.names, chunk.table, f"read/{state.id}/{chunk.table}/"
         # Positional arguments: a chunk is thousands of rows, built here one by one. The version
-        # (table and xmin) is what a re-read of the same row version gets the same event id from.
+        # (snapshot run, table and xmin) is what a re-read of the same row version within one run
+        # gets the same event id from; another run's read of it is a new event (a repair delivers).
         # zip stops at the names: the xmin (and a flag) after them are not columns of the row.
         if len(chunk.pk) == 1:
             name, i = chunk.pk[0], names.index(chunk.pk[0])

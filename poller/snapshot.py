@@ -36,8 +36,11 @@ The snapshot's state is a :class:`~shared.models.SnapshotState` carried by every
 source returns while it runs (:attr:`~shared.models.Position.snapshot`), so it lands in the state
 blob with the checkpoint (same CAS, same fencing) and a crash or a lease handover resumes after the
 last landed page. A chunk in flight lives in memory only: after a crash its rest is read again (its
-rows keep their event ids: the id of a snapshot row is a function of its table, key and row
-version — its ``xmin`` — so duplicate detection absorbs the copies).
+rows keep their event ids: the id of a snapshot row is a function of the snapshot run — the
+state's ``id``: the request's id, ``initial`` for the first — its table, key and row version —
+its ``xmin`` — so duplicate detection absorbs the copies). Another run reads the same unchanged
+row as a new event: a snapshot taken to repair a target delivers every row it reads, through
+broker duplicate detection and ``ProcessedEvents`` alike.
 
 Requests (``dbfanout snapshot``) are rows of the same signal table: they arrive through the log,
 in order with the changes, and never race the poller's own state writes. A state change no row

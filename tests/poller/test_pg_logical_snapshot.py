@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +26,11 @@ from poller.state_memory import MemoryStateStore
 from poller.tick import run_tick
 from shared.codec import decode_state, encode_state
 from shared.config import PollerConfig
+from shared.errors import CommitError
 from shared.models import RowChange
 from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config
 from tests.poller.tick_support import RecordingSink, drain
+from worker.idempotency import ProcessedEvents
 
 pytestmark = pytest.mark.integration
 
@@ -255,23 +258,104 @@ def test_a_cancel_stops_a_running_snapshot(logical: LogicalTable) -> None:
     assert state is not None and state.cancelled and not state.active
 
 
-def test_a_re_read_chunk_gives_its_rows_the_same_event_ids(logical: LogicalTable) -> None:
-    # Given rows read by a snapshot whose checkpoint never landed (the sink accepted, then a crash)
+def _request(table: LogicalTable, config: PollerConfig, **kw: Any) -> str:
+    statement, params = request_statement(config, **kw)
+    with table.engine.begin() as conn:
+        conn.execute(statement, params)
+    return str(params["id"])
+
+
+def _read_ids(sink: RecordingSink) -> dict[int, str]:
+    return {e.pk["id"]: e.event_id for e in events_of(sink.accepted) if e.change == "read"}
+
+
+def test_a_chunk_re_read_within_a_run_keeps_its_ids_and_another_run_gets_new_ones(logical: LogicalTable) -> None:
+    # Given a streaming poller over 10 rows that predate its slot, caught up
     logical.drop_slot()
     logical.insert(range(10), "old")
     logical.create_slot()
-    config = _config(logical, snapshot="initial", snapshot_chunk_size=10)
-    first, second = RecordingSink(), RecordingSink()
-    drain(config, _source(config), MemoryStateStore("p"), first)
-    # When another poller state (no checkpoint) reads them again, after one row changed
+    config = _config(logical, snapshot_chunk_size=20)
+    store = MemoryStateStore("p")
+    logical.insert([500], "new")
+    drain(config, _source(config), store, RecordingSink())
+    # When a snapshot is requested and read, but its checkpoint never lands (the state write fails
+    # after the send: the slot is not advanced)
+    _request(logical, config)
+    landed = store.load()
+    assert landed is not None
+    first, second, third = RecordingSink(), RecordingSink(), RecordingSink()
+    store.fail_next_commit()
+    with pytest.raises(CommitError):
+        run_tick(config, _source(config), store, first, owner_id="a")
+    now = store.load()
+    assert first.accepted and now is not None and now.doc.checkpoint == landed.doc.checkpoint
+    # And a new process reads the same run again, after one row changed
     logical.sql("UPDATE {t} SET v = 'changed' WHERE id = 5")
-    drain(config, _source(config), MemoryStateStore("p"), second)
-    ids_first = {e.pk["id"]: e.event_id for e in events_of(first.accepted) if e.change == "read"}
-    ids_second = {e.pk["id"]: e.event_id for e in events_of(second.accepted) if e.change == "read"}
-    # Then an unchanged row version has the same id (duplicate detection absorbs the copy); the
-    # changed row is not read at all: its update is in the chunk's window and arrives as itself
-    assert {k for k in ids_second if ids_first[k] == ids_second[k]} == set(range(10)) - {5}
+    drain(config, _source(config), store, second)
+    ids_first, ids_second = _read_ids(first), _read_ids(second)
+    # Then within the run an unchanged row version has the same id (duplicate detection absorbs
+    # the copy); the changed row (a new version, its update before the chunk) has a new one
+    rows = {*range(10), 500}
+    assert set(ids_first) == set(ids_second) == rows
+    assert {k for k in rows if ids_first[k] == ids_second[k]} == rows - {5}
     assert [(e.change, e.pk["id"]) for e in events_of(second.accepted) if e.change != "read"] == [("update", 5)]
+    # And a second snapshot (another run) reads every row again under new ids
+    _request(logical, config)
+    drain(config, _source(config), store, third)
+    ids_third = _read_ids(third)
+    assert set(ids_third) == rows
+    assert not set(ids_third.values()) & (set(ids_first.values()) | set(ids_second.values()))
+
+
+def test_a_request_reusing_the_last_runs_id_is_still_a_new_run(logical: LogicalTable) -> None:
+    # Given a finished snapshot whose request row was written by hand with id "repair"
+    logical.insert(range(5), "old")
+    config = _config(logical, snapshot_chunk_size=10)
+    store, first, second = MemoryStateStore("p"), RecordingSink(), RecordingSink()
+    hand_written = sa.text(
+        f"INSERT INTO {config.signal_table} (poller, kind, id, data) VALUES (:p, 'request', 'repair',"
+        " '{\"action\": \"snapshot\"}') ON CONFLICT (poller, kind) DO UPDATE SET id = EXCLUDED.id,"
+        " data = EXCLUDED.data"
+    )
+    with logical.engine.begin() as conn:
+        conn.execute(hand_written, {"p": config.name})
+    drain(config, _source(config), store, first)
+    # When the same row is written again (same id)
+    with logical.engine.begin() as conn:
+        conn.execute(hand_written, {"p": config.name})
+    drain(config, _source(config), store, second)
+    # Then both runs delivered every row, under different ids
+    ids_first, ids_second = _read_ids(first), _read_ids(second)
+    assert set(ids_first) == set(ids_second) == set(range(5))
+    assert not set(ids_first.values()) & set(ids_second.values())
+
+
+def test_two_snapshots_of_an_unchanged_table_both_reach_an_idempotent_handler(
+    logical: LogicalTable, tmp_path: Path
+) -> None:
+    # Given a live poller and a handler that skips event ids it processed (ProcessedEvents)
+    logical.insert(range(30), "old")
+    config = _config(logical, snapshot_chunk_size=8, batch_size=10)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    target = sa.create_engine(f"sqlite:///{tmp_path / 'target.db'}")
+    processed = ProcessedEvents(target)
+    handled: list[RowChange] = []
+
+    def handler(batches: list[Any]) -> None:
+        with target.begin() as conn:
+            for batch in batches:
+                handled.extend(processed.fresh(conn, batch.events))
+
+    # When `dbfanout snapshot` runs twice on the unchanged table (each delivery handled as it comes)
+    for _ in range(2):
+        _request(logical, config)
+        done = len(sink.accepted)
+        drain(config, _source(config), store, sink)
+        handler(sink.accepted[done:])
+    target.dispose()
+    # Then the second run handed every row to the handler again (on main its ids were the first's)
+    reads = [e.pk["id"] for e in handled if e.change == "read"]
+    assert sorted(reads) == sorted([*range(30), *range(30)])
 
 
 OPS = st.lists(
