@@ -63,6 +63,7 @@ class Metrics:
     retained_wal_bytes: LatestValue  # observable gauge, pg_logical pollers
     lag_wal_bytes: LatestValue  # observable gauge, pg_logical pollers: WAL not yet delivered
     lag_rows: LatestValue  # observable gauge, keyset and outbox pollers: rows not yet sent (bounded)
+    snapshot_chunks_refused: otel_metrics.Counter  # pg_logical snapshots: chunk reads refused (retried)
 
 
 def _build() -> Metrics:
@@ -124,6 +125,12 @@ def _build() -> Metrics:
         retained_wal_bytes=retained_wal,
         lag_wal_bytes=lag_wal,
         lag_rows=lag_rows,
+        snapshot_chunks_refused=meter.create_counter(
+            "dbfanout.snapshot_chunks_refused",
+            unit="{chunk}",
+            description="snapshot chunk reads refused because a committed transaction was not visible yet "
+            "(pg_logical; retried with backoff and a smaller chunk)",
+        ),
     )
 
 

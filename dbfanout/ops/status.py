@@ -152,6 +152,7 @@ def snapshot_progress(state: SnapshotState, landed_at: dt.datetime | None) -> di
         "started_at": state.started_at.isoformat() if state.started_at else None,
         "finished_at": state.finished_at.isoformat() if state.finished_at else None,
         "error": state.error,
+        "chunks_refused": state.refused,
     }
 
 
@@ -170,6 +171,9 @@ def snapshot_line(snap: Mapping[str, Any]) -> str:
         text += f", ETA {snap['eta_seconds']:.0f}s"
     if snap.get("error"):
         text += f" ({snap['error']})"
+    if snap.get("chunks_refused"):
+        text += (f"; {snap['chunks_refused']} chunk read(s) refused: a commit was not visible yet (a synchronous "
+                 "standby or a busy server), retried with smaller chunks")  # fmt: skip
     return text
 
 

@@ -314,7 +314,7 @@ def test_a_request_reusing_the_last_runs_id_is_still_a_new_run(logical: LogicalT
     store, first, second = MemoryStateStore("p"), RecordingSink(), RecordingSink()
     hand_written = sa.text(
         f"INSERT INTO {config.signal_table} (poller, kind, id, data) VALUES (:p, 'request', 'repair',"
-        " '{\"action\": \"snapshot\"}') ON CONFLICT (poller, kind) DO UPDATE SET id = EXCLUDED.id,"
+        ' \'{"action": "snapshot"}\') ON CONFLICT (poller, kind) DO UPDATE SET id = EXCLUDED.id,'
         " data = EXCLUDED.data"
     )
     with logical.engine.begin() as conn:
@@ -538,3 +538,63 @@ def test_two_tables_with_the_same_keys_each_keep_their_rows_and_name_their_table
     finally:
         logical.drop_slot()
         logical.sql(f"DROP TABLE IF EXISTS {other}")
+
+
+def _snapshot_state(store: MemoryStateStore) -> Any:
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    return snap.doc.checkpoint.position.snapshot
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "id = (SELECT nextval('{t}_canary'))",
+        "id > 0) OR (SELECT nextval('{t}_canary')) > 0 OR (id = 1",
+        "1=1; SELECT nextval('{t}_canary')",
+        "id >= 0 OR nextval('{t}_canary') > 0 -- all",
+    ],
+)
+def test_a_hostile_where_written_to_the_signal_table_fails_its_request_and_nothing_of_it_runs(
+    logical: LogicalTable, where: str
+) -> None:
+    # Given a live poller, and a request with a hostile condition written by other means than the CLI
+    logical.insert(range(5), "old")
+    logical.sql("CREATE SEQUENCE {t}_canary")
+    try:
+        config = _config(logical)
+        store, sink = MemoryStateStore("p"), RecordingSink()
+        _request(logical, config, where=where.format(t=logical.name))
+        logical.insert([100], "new")
+        # When the poller reads it
+        drain(config, _source(config), store, sink)
+        # Then the request failed with the reason, no row was read, and the canary was never called
+        state = _snapshot_state(store)
+        assert state is not None and not state.active and state.error and "where refused" in state.error
+        assert {e.change for e in events_of(sink.accepted)} == {"insert"}  # the stream's (the rows came as inserts)
+        with logical.engine.connect() as conn:
+            assert conn.execute(sa.text(f"SELECT is_called FROM {logical.name}_canary")).scalar() is False
+    finally:
+        logical.sql("DROP SEQUENCE IF EXISTS {t}_canary")
+
+
+def test_a_chunk_statement_that_keeps_failing_fails_its_request_after_bounded_tries_and_the_stream_goes_on(
+    logical: LogicalTable,
+) -> None:
+    # Given a request whose condition parses but cannot run (a string against an integer column)
+    logical.insert(range(5), "old")
+    config = _config(logical)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    _request(logical, config, where="n = 'not a number'")
+    # When the poller ticks on, with changes coming
+    for i in range(6):
+        logical.insert([100 + i], "new")
+        drain(config, _source(config), store, sink)
+        state = _snapshot_state(store)
+        if state is not None and not state.active:
+            break
+    # Then the request failed with the database's reason after a few tries, and every change came
+    assert state is not None and not state.active and state.error and "invalid input syntax" in state.error
+    assert i <= 3
+    assert {e.change for e in events_of(sink.accepted)} == {"insert"}
+    assert sorted(e.pk["id"] for e in events_of(sink.accepted)) == [*range(5), *range(100, 101 + i)]
