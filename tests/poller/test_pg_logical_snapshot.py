@@ -10,6 +10,7 @@ them), and between the fetches and ticks (while a chunk's pages are being sent).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from shared.errors import CommitError
 from shared.models import RowChange
 from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config
 from tests.poller.tick_support import RecordingSink, drain
+from tests.support import otel
 from worker.idempotency import ProcessedEvents
 
 pytestmark = pytest.mark.integration
@@ -598,3 +600,65 @@ def test_a_chunk_statement_that_keeps_failing_fails_its_request_after_bounded_tr
     assert i <= 3
     assert {e.change for e in events_of(sink.accepted)} == {"insert"}
     assert sorted(e.pk["id"] for e in events_of(sink.accepted)) == [*range(5), *range(100, 101 + i)]
+
+
+def test_a_snapshot_finishes_while_transactions_are_always_in_flight(logical: LogicalTable) -> None:
+    # Given 1,000 rows and writers that keep transactions in flight, committing every few
+    # milliseconds on connections of their own (how a busy server, or one whose commits wait for a
+    # synchronous standby, looks to a chunk's select: a commit not yet visible is often there)
+    logical.drop_slot()
+    logical.insert(range(1000), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot_chunk_size=100, batch_size=100)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    stop = threading.Event()
+
+    def write(first: int) -> None:
+        engine = sa.create_engine(logical.url)
+        try:
+            with engine.connect() as conn:
+                n = first
+                while not stop.is_set():
+                    conn.execute(sa.text(f"INSERT INTO {logical.name} (id, v, n) VALUES (:i, 'w', 0)"), {"i": n})
+                    conn.commit()
+                    n += 1
+        finally:
+            engine.dispose()
+
+    writers = [threading.Thread(target=write, args=(10_000 * (k + 1),), daemon=True) for k in range(3)]
+    for w in writers:
+        w.start()
+    refused = _refusals()
+    try:
+        _request(logical, config)
+        # When the poller ticks (a bounded number of times)
+        state = None
+        for _ in range(40):
+            drain(config, _source(config), store, sink)
+            state = _snapshot_state(store)
+            if state is not None and not state.active:
+                break
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(timeout=10)
+    # Then the snapshot finished, every pre-existing row was read, and the refusals were counted
+    assert state is not None and not state.active and state.error is None, state
+    reads = {e.pk["id"] for e in events_of(sink.accepted) if e.change == "read"}
+    assert set(range(1000)) <= reads
+    assert state.refused == _refusals() - refused  # the state (status) and the metric agree
+
+
+def _refusals() -> int:
+    """The refusals the metric counted so far (for poller p; OpenTelemetry's in-memory reader)."""
+    otel.install()
+    data = otel.READER.get_metrics_data()
+    total = 0.0
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == "dbfanout.snapshot_chunks_refused":
+                    total += sum(
+                        getattr(p, "value", 0) for p in metric.data.data_points if p.attributes == {"poller": "p"}
+                    )
+    return int(total)
