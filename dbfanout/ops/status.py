@@ -24,6 +24,7 @@ from dbfanout.ops.bus import (
 )
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
+from dbfanout.ops.snapshot_checks import initial_too_late
 from poller.engines import source_engine
 from poller.pg_logical import PgLogicalSource
 from poller.sources import open_source
@@ -104,6 +105,8 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
             out["fingerprint_match"] = doc.source_fingerprint == source.fingerprint
             if position is not None and position.snapshot is not None:
                 out["snapshot"] = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
+            if late := initial_too_late(cfg, position):
+                out["snapshot_hint"] = late
     except Exception as exc:  # storage down: still show the source side
         out["state_error"] = _error(exc)
     try:

@@ -218,7 +218,7 @@ def test_snapshot_refuses_a_hostile_condition_and_status_shows_one_the_poller_re
     hostile = [
         f"id = (SELECT nextval('{unset_up.name}_canary'))",
         f"nextval('{unset_up.name}_canary') > 0",
-        "1=1; DROP TABLE {t}".format(t=unset_up.name),
+        f"1=1; DROP TABLE {unset_up.name}",
         "id > 0 -- everything",
         "id::text = '1'",
     ]
@@ -241,3 +241,30 @@ def test_snapshot_refuses_a_hostile_condition_and_status_shows_one_the_poller_re
     (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
     assert row["snapshot"]["status"] == "failed" and "where refused" in row["snapshot"]["error"]
     assert "where refused" in workspace.run("status", "changes").stdout
+
+
+def test_validate_warns_of_writable_signal_grants_unordered_workers_and_an_initial_snapshot_added_too_late(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a streaming poller with a checkpoint, whose signal table PUBLIC may write
+    _add_poller(workspace, unset_up, monkeypatch)
+    assert workspace.run("validate", "changes", "--fix").exit_code == 0
+    unset_up.insert(range(3))
+    workspace.drain("changes")
+    signal = unset_up.config.signal_table
+    unset_up.sql(f"GRANT INSERT ON {signal} TO PUBLIC")
+    checks = _checks(workspace.run("validate", "changes", "--json").stdout)
+    assert checks["signal grants"] == "warn" and "initial snapshot" not in checks
+    assert "snapshot order" not in checks  # snapshot = "never": no reads unless asked
+    # When the grant is revoked and snapshot = "initial" is added to the poller (no sessions)
+    unset_up.sql(f"REVOKE INSERT ON {signal} FROM PUBLIC")
+    workspace.config_path.write_text(workspace.config_path.read_text() + 'snapshot = "initial"\n')
+    result = workspace.run("validate", "changes", "--json")
+    # Then the grants pass; the missing sessions and the initial snapshot that will not run are named
+    checks = _checks(result.stdout)
+    assert checks["signal grants"] == "ok"
+    assert checks["snapshot order"] == "warn" and "LatestVersions" in result.stdout
+    assert checks["initial snapshot"] == "warn" and "dbfanout snapshot changes" in result.stdout
+    # And status says what to run
+    (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+    assert "dbfanout snapshot changes" in row["snapshot_hint"]
