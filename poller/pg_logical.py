@@ -561,8 +561,7 @@ class PgLogicalSource:
                             extra=ids(poller=name))  # fmt: skip
                 return None, replace(basis, failures=failures)
             if chunk is not None:
-                self._limits[state.id] = min(limit * 2, state.chunk_size)  # back to full size, step by step
-                self._refused_in_a_row.pop(state.id, None)
+                self._grow(state)
                 return chunk, basis
             refused += 1
             metrics.snapshot_chunks_refused.add(1, {"poller": name})
@@ -576,6 +575,12 @@ class PgLogicalSource:
             log.debug("poller %s: snapshot chunk refused (a commit not yet visible)", name)
             time.sleep(min(_REFUSED_BACKOFF * 2**attempt, _REFUSED_BACKOFF_MAX))
         return None, replace(state, refused=state.refused + refused, failures=0)
+
+    def _grow(self, state: SnapshotState) -> None:
+        """A chunk was read: the next one reads twice as many rows, back to the full size step by step."""
+        self._refused_in_a_row.pop(state.id, None)
+        if state.id in self._limits:
+            self._limits[state.id] = min(self._limits[state.id] * 2, state.chunk_size)
 
     def _read_ahead(self, chunk: Chunk, position: tuple[int, int] | None) -> None:
         """Start reading the chunk after ``chunk`` on the read-ahead thread, its window opening at
@@ -604,6 +609,7 @@ class PgLogicalSource:
         if chunk is None:  # its snapshot was refused (a commit not yet visible)
             return None
         assert scan.state is not None
+        self._grow(scan.state)
         chunk.state = scan.state
         for key, table, keys in ahead.seen:
             chunk.saw(key, table, keys)

@@ -603,11 +603,11 @@ def test_a_chunk_statement_that_keeps_failing_fails_its_request_after_bounded_tr
 
 
 def test_a_snapshot_finishes_while_transactions_are_always_in_flight(logical: LogicalTable) -> None:
-    # Given 1,000 rows and writers that keep transactions in flight, committing every few
+    # Given 500 rows and writers that keep transactions in flight, committing every few
     # milliseconds on connections of their own (how a busy server, or one whose commits wait for a
     # synchronous standby, looks to a chunk's select: a commit not yet visible is often there)
     logical.drop_slot()
-    logical.insert(range(1000), "old")
+    logical.insert(range(500), "old")
     logical.create_slot()
     config = _config(logical, snapshot_chunk_size=100, batch_size=100)
     store, sink = MemoryStateStore("p"), RecordingSink()
@@ -618,7 +618,7 @@ def test_a_snapshot_finishes_while_transactions_are_always_in_flight(logical: Lo
         try:
             with engine.connect() as conn:
                 n = first
-                while not stop.is_set():
+                while not stop.wait(0.002):  # a commit every few milliseconds (pacing, not a wait)
                     conn.execute(sa.text(f"INSERT INTO {logical.name} (id, v, n) VALUES (:i, 'w', 0)"), {"i": n})
                     conn.commit()
                     n += 1
@@ -631,10 +631,10 @@ def test_a_snapshot_finishes_while_transactions_are_always_in_flight(logical: Lo
     refused = _refusals()
     try:
         _request(logical, config)
-        # When the poller ticks (a bounded number of times)
-        state = None
-        for _ in range(40):
-            drain(config, _source(config), store, sink)
+        # When the poller ticks (a bounded number of times: the writers never let it catch up)
+        state, source = None, _source(config)
+        for _ in range(200):
+            run_tick(config, source, store, sink, owner_id="a")
             state = _snapshot_state(store)
             if state is not None and not state.active:
                 break
@@ -645,7 +645,7 @@ def test_a_snapshot_finishes_while_transactions_are_always_in_flight(logical: Lo
     # Then the snapshot finished, every pre-existing row was read, and the refusals were counted
     assert state is not None and not state.active and state.error is None, state
     reads = {e.pk["id"] for e in events_of(sink.accepted) if e.change == "read"}
-    assert set(range(1000)) <= reads
+    assert set(range(500)) <= reads
     assert state.refused == _refusals() - refused  # the state (status) and the metric agree
 
 
@@ -662,3 +662,51 @@ def _refusals() -> int:
                         getattr(p, "value", 0) for p in metric.data.data_points if p.attributes == {"poller": "p"}
                     )
     return int(total)
+
+
+class RefusingReader(ChunkReader):
+    """The real chunk reader, whose first ``refusals`` selects find a commit not visible yet (what
+    a busy server makes common): they are refused exactly as the racy check refuses them."""
+
+    def __init__(self, config: PollerConfig, engine: sa.Engine, refusals: int) -> None:
+        super().__init__(config, engine)
+        self.refusals, self.limits = refusals, []
+
+    def read(self, conn: sa.Connection, state: Any, start: Any, chunk_id: str | None = None,
+             limit: int | None = None) -> Chunk | None:  # fmt: skip
+        self.limits.append(limit)
+        if self.refusals > 0:
+            self.refusals -= 1
+            conn.rollback()
+            return None
+        return super().read(conn, state, start, chunk_id, limit)
+
+
+def test_refused_chunks_are_retried_with_backoff_and_smaller_chunks_and_the_snapshot_finishes(
+    logical: LogicalTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a requested snapshot whose chunk selects are refused 25 times in a row
+    logical.insert(range(50), "old")
+    config = _config(logical, snapshot_chunk_size=40)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    source = PgLogicalSource(config)
+    reader = source._chunks = RefusingReader(config, source._engine, 25)
+    _request(logical, config)
+    refused = _refusals()
+    # When the poller drains a few times (each drain: one tick)
+    state = None
+    for _ in range(8):
+        drain(config, source, store, sink)
+        state = _snapshot_state(store)
+        if state is not None and not state.active:
+            break
+    # Then the snapshot finished (on main a refused chunk waited for the next tick: 25 ticks)
+    assert state is not None and not state.active and state.error is None, state
+    assert sorted(e.pk["id"] for e in events_of(sink.accepted) if e.change == "read") == list(range(50))
+    # And each refusal halved the next read (down to one row), then reads grew back step by step
+    assert reader.limits[:7] == [40, 20, 10, 5, 2, 1, 1]
+    assert reader.limits[25:28] == [1, 2, 4]
+    # And the refusals are in the state (status), in the metric, and said once at WARNING
+    assert state.refused == 25 == _refusals() - refused
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "refused in a row" in r.getMessage()]
+    assert len(warnings) == 1
