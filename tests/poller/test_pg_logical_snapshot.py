@@ -670,7 +670,7 @@ class RefusingReader(ChunkReader):
 
     def __init__(self, config: PollerConfig, engine: sa.Engine, refusals: int) -> None:
         super().__init__(config, engine)
-        self.refusals, self.limits = refusals, []
+        self.refusals, self.limits = refusals, list[int | None]()
 
     def read(self, conn: sa.Connection, state: Any, start: Any, chunk_id: str | None = None,
              limit: int | None = None) -> Chunk | None:  # fmt: skip

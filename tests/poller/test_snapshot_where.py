@@ -45,7 +45,8 @@ def _name(column: str) -> str:
 def _cmp(op: str, a: Any, b: Any) -> bool | None:
     if a is None or b is None:
         return None
-    return {"=": a == b, "<>": a != b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+    result: bool = {"=": a == b, "<>": a != b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+    return result
 
 
 def _literal(kind: str) -> st.SearchStrategy[tuple[str, Any]]:

@@ -7,7 +7,7 @@ import queue
 import random
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import sqlalchemy as sa
@@ -23,7 +23,9 @@ from worker.idempotency import ProcessedEvents
 from worker.ordering import LatestVersions
 
 
-def _event(n: int, key: int, cursor: Any, op: str = "upsert", change: str | None = None) -> RowChange:
+def _event(
+    n: int, key: int, cursor: Any, op: Literal["upsert", "delete"] = "upsert", change: str | None = None
+) -> RowChange:
     after = None if op == "delete" else {"id": key, "v": f"at {cursor}"}
     return RowChange(f"ev-{n}", op, {"id": key}, cursor, after, "p", change=change)
 
