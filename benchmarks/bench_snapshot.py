@@ -106,6 +106,11 @@ def keyset_rate(table: LogicalTable, batch: int) -> float:
 
 def snapshot_run(config: PollerConfig, sink: EventSink) -> float:
     """Ticks until the snapshot finished; returns the snapshot's rows per second."""
+    return snapshot_state_run(config, sink)[0]
+
+
+def snapshot_state_run(config: PollerConfig, sink: EventSink) -> tuple[float, int]:
+    """Ticks until the snapshot finished; its rows per second and its refused chunk reads."""
     store, source = MemoryStateStore(config.name), PgLogicalSource(config)
     start = time.perf_counter()
     for _ in range(1_000_000):
@@ -113,15 +118,15 @@ def snapshot_run(config: PollerConfig, sink: EventSink) -> float:
         snap = store.load()
         state = snap.doc.checkpoint.position.snapshot if snap and snap.doc.checkpoint.position else None
         if state is not None and not state.active:
-            return state.rows / (time.perf_counter() - start)
+            return state.rows / (time.perf_counter() - start), state.refused
     raise RuntimeError("the snapshot did not finish")
 
 
-def write_rows(url: str, table: str, first_id: int, stop: Any) -> None:
-    """One insert every 20 ms (its value the wall time before the INSERT) until ``stop`` is set."""
+def write_rows(url: str, table: str, first_id: int, stop: Any, interval: float = 0.02) -> None:
+    """One insert every ``interval`` s (its value the wall time before the INSERT) until ``stop`` is set."""
     engine = sa.create_engine(url)
     next_id = first_id
-    while not stop.wait(0.02):
+    while not stop.wait(interval):
         with engine.begin() as conn:
             statement = sa.text(f"INSERT INTO {table} (id, v, n) VALUES (:i, :v, 0)")
             conn.execute(statement, {"i": next_id, "v": f"t={time.time():.6f}"})
@@ -133,10 +138,10 @@ class Writer:
     """The live stream's writer, in a process of its own (as an application is): a thread here would
     wait for this process's GIL to commit, and its commits would cluster where the poller waits."""
 
-    def __init__(self, table: LogicalTable, first_id: int) -> None:
+    def __init__(self, table: LogicalTable, first_id: int, interval: float = 0.02) -> None:
         context = multiprocessing.get_context("spawn")
         self.stop = context.Event()
-        self._process = context.Process(target=write_rows, args=(table.url, table.name, first_id, self.stop))
+        self._process = context.Process(target=write_rows, args=(table.url, table.name, first_id, self.stop, interval))
 
     def start(self) -> None:
         self._process.start()
@@ -173,6 +178,24 @@ def snapshot_latency(config: PollerConfig, table: LogicalTable, seconds: float, 
     return sink
 
 
+def busy_server(config: PollerConfig, table: LogicalTable, writers: int, interval: float, first_id: int) -> None:
+    """A snapshot while ``writers`` processes commit every ``interval`` s each (transactions always in
+    flight, as on a busy server), beside one on the quiet server: rows/s and refused chunk reads."""
+    quiet, quiet_refused = snapshot_state_run(config, EventSink())
+    running = [Writer(table, first_id + 1_000_000 * k, interval) for k in range(writers)]
+    for writer in running:
+        writer.start()
+    try:
+        busy, busy_refused = snapshot_state_run(config, EventSink())
+    finally:
+        for writer in running:
+            writer.stop.set()
+            writer.join()
+    print(f"\nquiet: {quiet:,.0f} rows/s ({quiet_refused} chunk reads refused); busy, {writers} writer(s) committing "
+          f"every {interval * 1000:g} ms: {busy:,.0f} rows/s ({busy_refused} refused); "
+          f"load {Path('/proc/loadavg').read_text().split()[:3]}")  # fmt: skip
+
+
 def figures(latencies: list[float]) -> str:
     if not latencies:
         return "-"
@@ -188,6 +211,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=0, help="snapshot_chunk_size (0: the default, 4 pages)")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="then a snapshot while this many writer processes commit every --busy-ms (0: none)",
+    )
+    parser.add_argument("--busy-ms", type=float, default=2.0)
+    parser.add_argument("--no-latency", action="store_true", help="skip the latency phases")
     args = parser.parse_args()
     gc.collect()
     gc.freeze()  # as function_app.py does once the app is imported
@@ -216,6 +247,10 @@ def main() -> None:
             snapshot = snapshot_run(snap_config, EventSink())
             print(f"| {round_} | {keyset:,.0f} | {snapshot:,.0f} | {snapshot / keyset:.2f} | "
                   f"{before:.0f} → {rss_mib():.0f} |")  # fmt: skip
+        if args.busy:
+            busy_server(snap_config, table, args.busy, args.busy_ms / 1000, args.rows + 3_000_000)
+        if args.no_latency:
+            return
         # The live stream's latency, idle and during snapshots (the writer inserts ids past the table)
         idle = stream_latency(base, table, args.latency_seconds, args.rows + 1_000_000)
         during = snapshot_latency(snap_config, table, args.latency_seconds, args.rows + 2_000_000)

@@ -7,7 +7,7 @@
   A delete (soft-delete column set) removes the row.
 * ``dbfanout_example_versions`` - the newest cursor applied per key, kept after a delete, so a
   stale change that arrives late (a retry, a concurrent worker) never overwrites a newer one or
-  resurrects a deleted row.
+  resurrects a deleted row (the "apply only if newer" helper, :class:`worker.ordering.LatestVersions`).
 * ``dbfanout_processed_events`` - the processed-events helper: one row per event id, written in
   the same transaction as the side effect, so a redelivered event is skipped.
 * ``dbfanout_example_duplicates`` - one row per absorbed duplicate (an event seen again), to
@@ -27,9 +27,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from shared.codec import decode_value, dumps, encode_value, loads
-from shared.models import CursorValue, HandlerContext, RowChange
+from shared.codec import dumps, encode_value
+from shared.models import HandlerContext, RowChange
 from worker.idempotency import ProcessedEvents
+from worker.ordering import LatestVersions, encode_cursor, key_text, versions_table
 
 __all__ = ["TARGET_SETTING", "handle", "target_tables"]
 
@@ -45,14 +46,7 @@ TARGET = sa.Table(
     sa.Column("row", sa.Text, nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
-VERSIONS = sa.Table(
-    "dbfanout_example_versions",
-    _meta,
-    sa.Column("poller", sa.String(64), primary_key=True),
-    sa.Column("pk", sa.String(512), primary_key=True),
-    sa.Column("cursor", sa.Text, nullable=False),
-    sa.Column("deleted", sa.Boolean, nullable=False),
-)
+VERSIONS = versions_table("dbfanout_example_versions", _meta)  # worker.ordering.LatestVersions keeps it
 DUPLICATES = sa.Table(
     "dbfanout_example_duplicates",
     _meta,
@@ -85,23 +79,11 @@ def _engine_and_helper() -> tuple[sa.Engine, ProcessedEvents]:
             _meta.create_all(engine, checkfirst=True)
             _state["engine"] = engine
             _state["processed"] = ProcessedEvents(engine)
+            _state["versions"] = LatestVersions(engine, VERSIONS, create=False)
         return _state["engine"], _state["processed"]
 
 
-def key_of(pk: Mapping[str, Any]) -> str:
-    """The primary key as canonical JSON text (sorted keys, typed values encoded)."""
-    return dumps({k: encode_value(pk[k])[0] for k in sorted(pk)}).decode()
-
-
-def _encode_cursor(cursor: CursorValue) -> str:
-    parts = cursor if isinstance(cursor, tuple) else (cursor,)
-    return dumps({"v": [encode_value(p) for p in parts], "tuple": isinstance(cursor, tuple)}).decode()
-
-
-def _decode_cursor(text: str) -> Any:
-    doc = loads(text)
-    values = tuple(decode_value(v, t) for v, t in doc["v"])
-    return values if doc["tuple"] else values[0]
+key_of = key_text  # the primary key as canonical JSON text (kept for callers of the example)
 
 
 def _row_json(after: Mapping[str, Any] | None) -> str:
@@ -131,30 +113,20 @@ def handle(events: list[RowChange], context: HandlerContext) -> None:
                     for e in seen
                 ],
             )
-        for event in fresh:
+        for event in _state["versions"].newer(conn, fresh):  # a stale change (a newer one applied) is skipped
             _apply(conn, event, now)
 
 
 def _apply(conn: sa.Connection, event: RowChange, now: dt.datetime) -> None:
     key = key_of(event.pk)
-    where = (VERSIONS.c.poller == event.poller) & (VERSIONS.c.pk == key)
-    stored = conn.execute(sa.select(VERSIONS.c.cursor).where(where).with_for_update()).scalar_one_or_none()
-    if stored is not None and _decode_cursor(stored) >= event.cursor:
-        return  # a newer change for this key was applied already: this one is stale
-    deleted = event.op == "delete"
-    version = {"cursor": _encode_cursor(event.cursor), "deleted": deleted}
-    if stored is None:
-        conn.execute(sa.insert(VERSIONS).values(poller=event.poller, pk=key, **version))
-    else:
-        conn.execute(sa.update(VERSIONS).where(where).values(**version))
     target_where = (TARGET.c.poller == event.poller) & (TARGET.c.pk == key)
     conn.execute(sa.delete(TARGET).where(target_where))
-    if not deleted:
+    if event.op != "delete":
         conn.execute(
             sa.insert(TARGET).values(
                 poller=event.poller,
                 pk=key,
-                cursor=version["cursor"],
+                cursor=encode_cursor(event.cursor),
                 row=_row_json(event.after),
                 updated_at=now,
             )

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,6 +57,7 @@ from poller.snapshot import (
     signal_of,
     signal_sql,
 )
+from poller.snapshot_where import WhereRefused
 from shared.config import PollerConfig
 from shared.errors import ConfigError, PositionLostError, SourceError
 from shared.ids import source_fingerprint
@@ -94,6 +96,18 @@ _PAGES_PER_PEEK = 4  # a peek decodes about this many pages (a tick's next pages
 _STREAM_ROWS = 1000  # messages fetched per round trip while streaming a peek
 _MAX_ROUNDS = 16  # peeks one fetch may take to fill its page (signals and watermarks are not rows)
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+_REFUSED_RETRIES = 6  # refused chunk reads retried within one fetch (backoff 5 ms doubling: ~0.3 s in all)
+_REFUSED_BACKOFF, _REFUSED_BACKOFF_MAX = 0.005, 0.2
+_REFUSALS_WARN = 20  # refused reads in a row that make a WARNING
+_MAX_CHUNK_FAILURES = 3  # a failing chunk statement is tried this often, then its snapshot stops
+
+
+class _ChunkStopped(Exception):
+    """A snapshot's chunk cannot be read (its condition is refused, its statement kept failing)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def setup_sql(config: PollerConfig) -> list[str]:
@@ -209,6 +223,8 @@ class PgLogicalSource:
         self._guard = SlotGuard(config, self._engine, self._url, self._chunks.estimate, self._forget_log)
         self._local = threading.local()  # pinned connection and this tick's buffer, per thread
         self._warned: set[str] = set()
+        self._limits: dict[str, int] = {}  # rows the next chunk of a snapshot reads (smaller after refusals)
+        self._refused_in_a_row: dict[str, int] = {}
         # Where the slot may go once a position a page ended at is a landed checkpoint; shared by
         # the threads a tick's pages are read on, cleared by acknowledge.
         self._hints: dict[tuple[int, int], Lsn] = {}
@@ -443,9 +459,22 @@ class PgLogicalSource:
 
     def _request(self, scan: _Scan, c: Change, signal_id: str, data: dict[str, Any]) -> None:
         """A ``dbfanout snapshot`` request read from the log: the snapshot state changes here."""
-        state, warning = apply_request(self._config, scan.state, data, signal_id, _commit_time(c))
+        if scan.state is not None and signal_id == scan.state.id:
+            # A request row written by hand with the last run's id: the run's event ids must
+            # differ from that run's, or a repair would be absorbed as duplicates (its log
+            # position is the same whenever this request is read again).
+            signal_id = f"{signal_id}@{c.commit_lsn}"
+        at = _commit_time(c)
+        state, warning = apply_request(self._config, scan.state, data, signal_id, at)
         if warning:
             self._warn_once(f"request-{signal_id}", "%s", warning)
+        if state is not None and state.active and state.where is not None:
+            try:  # a condition is checked before anything of it runs (a request may come from anyone)
+                self._chunks.check_where(state.tables, state.where)
+            except WhereRefused as exc:
+                log.error("poller %s: snapshot %s refused: where %s", self._config.name, signal_id, exc,
+                          extra=ids(poller=self._config.name))  # fmt: skip
+                state = replace(state, tables=(), finished_at=at, error=f"where refused: {exc}")
         if state == scan.state:
             return
         if state is not None and state.active and state.estimate is None:
@@ -493,18 +522,17 @@ class PgLogicalSource:
                 scan.state = ahead.advanced(dt.datetime.now(dt.UTC))
                 continue
             try:
-                chunk = self._chunks.read(conn, state, scan.position)
-            except (sa.exc.ProgrammingError, sa.exc.DataError) as exc:
-                # The select itself is wrong (a bad --where, a dropped column): stop the snapshot
-                # rather than fail every tick, so the changes keep flowing and a new request can come.
-                problem = str(exc.orig or exc).splitlines()[0]
+                chunk, scan.state = self._read_chunk(conn, state, scan.position)
+            except _ChunkStopped as stopped:
+                # A condition outside the grammar, or a select that kept failing (a timeout, a
+                # permission, a dropped column): stop the snapshot rather than fail every tick, so
+                # the changes keep flowing and a new request can come.
                 log.error("poller %s: snapshot %s of %s stopped: %s", self._config.name, state.id, state.tables[0],
-                          problem, extra=ids(poller=self._config.name))  # fmt: skip
+                          stopped.reason, extra=ids(poller=self._config.name))  # fmt: skip
                 scan.state = replace(state, tables=(), last_key=None, finished_at=dt.datetime.now(dt.UTC),
-                                     error=f"{state.tables[0]}: {problem}")  # fmt: skip
+                                     error=f"{state.tables[0]}: {stopped.reason}")  # fmt: skip
                 return True
             if chunk is None:  # read it on a later fetch
-                log.debug("poller %s: snapshot chunk deferred (a commit not yet visible)", self._config.name)
                 return False
             if chunk.tuples:
                 self._chunk = chunk
@@ -512,6 +540,61 @@ class PgLogicalSource:
                 return True
             scan.state = chunk.advanced(dt.datetime.now(dt.UTC))
         return True
+
+    def _read_chunk(
+        self, conn: sa.Connection, state: SnapshotState, start: tuple[int, int] | None
+    ) -> tuple[Chunk | None, SnapshotState]:
+        """The next chunk of ``state`` read now, and the snapshot's state it is valid for.
+
+        A refused read (a committed transaction not visible yet: a synchronous standby's wait,
+        a busy server) is retried at once with backoff and half the rows, up to
+        :data:`_REFUSED_RETRIES` times in this fetch; the refusals are counted in the state
+        (``status``), the metric ``dbfanout.snapshot_chunks_refused`` and, after
+        :data:`_REFUSALS_WARN` in a row, a WARNING. A statement that fails (a timeout, a
+        permission) is tried again on later fetches, :data:`_MAX_CHUNK_FAILURES` times in all,
+        then raises :class:`_ChunkStopped`; so does a condition outside the grammar, at once.
+        None: read it on a later fetch.
+        """
+        name, refused = self._config.name, 0
+        for attempt in range(_REFUSED_RETRIES):
+            basis = replace(state, refused=state.refused + refused, failures=0)
+            limit = self._limits.get(state.id, state.chunk_size)
+            try:
+                chunk = self._chunks.read(conn, basis, start, limit=limit)
+            except WhereRefused as exc:
+                raise _ChunkStopped(f"where refused: {exc}") from exc
+            except sa.exc.DBAPIError as exc:
+                if exc.connection_invalidated:  # the source is down: the tick fails, as for the stream
+                    raise
+                problem = str(exc.orig or exc).splitlines()[0]
+                failures = state.failures + 1  # counted in the state: a restart does not reset it
+                if failures >= _MAX_CHUNK_FAILURES:
+                    raise _ChunkStopped(f"{problem} ({failures} tries)") from exc
+                log.warning("poller %s: snapshot %s: chunk of %s failed (%s); tried again on the next fetch (%d of %d)",
+                            name, state.id, state.tables[0], problem, failures, _MAX_CHUNK_FAILURES,
+                            extra=ids(poller=name))  # fmt: skip
+                return None, replace(basis, failures=failures)
+            if chunk is not None:
+                self._grow(state)
+                return chunk, basis
+            refused += 1
+            metrics.snapshot_chunks_refused.add(1, {"poller": name})
+            self._limits[state.id] = max(1, limit // 2)
+            in_a_row = self._refused_in_a_row[state.id] = self._refused_in_a_row.get(state.id, 0) + 1
+            if in_a_row >= _REFUSALS_WARN:
+                self._warn_once(f"refused-{state.id}", "snapshot %s: %d chunk reads of %s refused in a row: a "
+                                "transaction committed but not visible yet (a synchronous standby, a busy server); "
+                                "retrying with backoff and smaller chunks (see `dbfanout status`, metric "
+                                "dbfanout.snapshot_chunks_refused)", state.id, in_a_row, state.tables[0])  # fmt: skip
+            log.debug("poller %s: snapshot chunk refused (a commit not yet visible)", name)
+            time.sleep(min(_REFUSED_BACKOFF * 2**attempt, _REFUSED_BACKOFF_MAX))
+        return None, replace(state, refused=state.refused + refused, failures=0)
+
+    def _grow(self, state: SnapshotState) -> None:
+        """A chunk was read: the next one reads twice as many rows, back to the full size step by step."""
+        self._refused_in_a_row.pop(state.id, None)
+        if state.id in self._limits:
+            self._limits[state.id] = min(self._limits[state.id] * 2, state.chunk_size)
 
     def _read_ahead(self, chunk: Chunk, position: tuple[int, int] | None) -> None:
         """Start reading the chunk after ``chunk`` on the read-ahead thread, its window opening at
@@ -522,7 +605,8 @@ class PgLogicalSource:
         if self._reader is None:
             self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{self._config.name}")
         chunk_id = uuid.uuid4().hex
-        future = self._reader.submit(self._chunks.read_ahead, basis, position, chunk_id)
+        limit = self._limits.get(basis.id)
+        future = self._reader.submit(self._chunks.read_ahead, basis, position, chunk_id, limit)
         self._ahead = _Ahead(future, basis, chunk_id, position, position)
 
     def _take_ahead(self, scan: _Scan) -> Chunk | None:
@@ -539,6 +623,7 @@ class PgLogicalSource:
         if chunk is None:  # its snapshot was refused (a commit not yet visible)
             return None
         assert scan.state is not None
+        self._grow(scan.state)
         chunk.state = scan.state
         for key, table, keys in ahead.seen:
             chunk.saw(key, table, keys)
@@ -574,9 +659,10 @@ class PgLogicalSource:
         lsn, seq = at or (0, 0)
         position = Position(Lsn(lsn), {"seq": seq}, state)
         cursor = (Lsn(lsn), seq)
-        names, table, prefix = chunk.names, chunk.table, f"read/{chunk.table}/"
+        names, table, prefix = chunk.names, chunk.table, f"read/{state.id}/{chunk.table}/"
         # Positional arguments: a chunk is thousands of rows, built here one by one. The version
-        # (table and xmin) is what a re-read of the same row version gets the same event id from.
+        # (snapshot run, table and xmin) is what a re-read of the same row version within one run
+        # gets the same event id from; another run's read of it is a new event (a repair delivers).
         # zip stops at the names: the xmin (and a flag) after them are not columns of the row.
         if len(chunk.pk) == 1:
             name, i = chunk.pk[0], names.index(chunk.pk[0])

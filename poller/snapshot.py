@@ -36,8 +36,11 @@ The snapshot's state is a :class:`~shared.models.SnapshotState` carried by every
 source returns while it runs (:attr:`~shared.models.Position.snapshot`), so it lands in the state
 blob with the checkpoint (same CAS, same fencing) and a crash or a lease handover resumes after the
 last landed page. A chunk in flight lives in memory only: after a crash its rest is read again (its
-rows keep their event ids: the id of a snapshot row is a function of its table, key and row
-version — its ``xmin`` — so duplicate detection absorbs the copies).
+rows keep their event ids: the id of a snapshot row is a function of the snapshot run — the
+state's ``id``: the request's id, ``initial`` for the first — its table, key and row version —
+its ``xmin`` — so duplicate detection absorbs the copies). Another run reads the same unchanged
+row as a new event: a snapshot taken to repair a target delivers every row it reads, through
+broker duplicate detection and ``ProcessedEvents`` alike.
 
 Requests (``dbfanout snapshot``) are rows of the same signal table: they arrive through the log,
 in order with the changes, and never race the poller's own state writes. A state change no row
@@ -56,6 +59,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from poller.snapshot_where import WhereRefused, where_sql
 from poller.source import fetch_tuples
 from shared.codec import dumps, loads
 from shared.config import PollerConfig
@@ -82,6 +86,9 @@ _PRIMARY_KEY = sa.text(
     "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
     " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
     " WHERE i.indrelid = to_regclass(:table) AND i.indisprimary ORDER BY k.n"
+)
+_COLUMNS = sa.text(
+    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:table) AND attnum > 0 AND NOT attisdropped"
 )
 # The planner's row count; for a table never analysed (reltuples -1), the statistics' live rows.
 _ESTIMATE = sa.text(
@@ -323,14 +330,15 @@ class ChunkReader:
         self._config = config
         self._engine = engine
         self._pks: dict[str, tuple[str, ...]] = {}
+        self._columns: dict[str, frozenset[str]] = {}
         self._published = False
 
     def pk(self, table: str) -> tuple[str, ...]:
         if self._config.pk:
             return self._config.pk
         if table not in self._pks:
-            with self._engine.connect() as conn:
-                pk = tuple(conn.execute(_PRIMARY_KEY, {"table": table}).scalars())
+            with self._engine.connect() as conn:  # a quoted name: a mixed-case table is found as it is
+                pk = tuple(conn.execute(_PRIMARY_KEY, {"table": quote_table(table)}).scalars())
             if not pk:
                 raise SourceError(
                     f"poller {self._config.name}: cannot snapshot {table}: it has no primary key",
@@ -342,9 +350,27 @@ class ChunkReader:
     def estimate(self, tables: Sequence[str]) -> int | None:
         """Rows the tables hold by the planner's (or the activity) statistics (None when unknown)."""
         with self._engine.connect() as conn:
-            counts = [conn.execute(_ESTIMATE, {"table": t}).scalar() for t in tables]
+            counts = [conn.execute(_ESTIMATE, {"table": quote_table(t)}).scalar() for t in tables]
         known = [int(c) for c in counts if c is not None]
         return sum(known) if known and any(known) else None
+
+    def columns(self, table: str) -> frozenset[str]:
+        """The table's column names (what a ``where`` may name)."""
+        if table not in self._columns:
+            with self._engine.connect() as conn:
+                self._columns[table] = frozenset(conn.execute(_COLUMNS, {"table": quote_table(table)}).scalars())
+        return self._columns[table]
+
+    def check_where(self, tables: Sequence[str], where: str | None) -> None:
+        """Raise :class:`~poller.snapshot_where.WhereRefused` unless ``where`` is a condition of the
+        grammar over the columns of every one of ``tables`` (nothing is run)."""
+        if where is None:
+            return
+        for table in tables:
+            try:
+                where_sql(where, self.columns(table))
+            except WhereRefused as exc:
+                raise WhereRefused(f"{table}: {exc}") from exc
 
     def check_published(self) -> None:
         """The high watermark must reach the slot: the signal table must be in the publication."""
@@ -362,13 +388,20 @@ class ChunkReader:
             )
         self._published = True
 
-    def read_ahead(self, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str) -> Chunk | None:
+    def read_ahead(
+        self, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str, limit: int | None = None
+    ) -> Chunk | None:
         """:meth:`read` on a pooled connection of its own (a chunk read while the tick sends the last one's rows)."""
         with self._engine.connect() as conn:
-            return self.read(conn, state, start, chunk_id)
+            return self.read(conn, state, start, chunk_id, limit)
 
     def read(
-        self, conn: sa.Connection, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str | None = None
+        self,
+        conn: sa.Connection,
+        state: SnapshotState,
+        start: tuple[int, int] | None,
+        chunk_id: str | None = None,
+        limit: int | None = None,
     ) -> Chunk | None:
         """Select the next chunk of ``state``'s current table and write its high watermark, on ``conn``.
 
@@ -378,20 +411,25 @@ class ChunkReader:
         did not see but that committed first is inside the window. The same statement refuses
         its snapshot when a change it cannot see is already committed (see the module
         docstring): None then (retry later). An empty chunk writes no watermark. ``conn`` is left
-        with no transaction open.
+        with no transaction open. ``limit``: rows to read this time (default: the state's chunk
+        size; smaller after refusals). The condition is parsed, never pasted: a condition outside
+        the grammar raises :class:`~poller.snapshot_where.WhereRefused` before anything runs.
         """
         table = state.tables[0]
         pk = self.pk(table)
         cols = ", ".join(quote_table(p) for p in pk)
         conditions: list[str] = []
         chunk_id = chunk_id or uuid.uuid4().hex
-        params: dict[str, Any] = {"n": state.chunk_size + 1, "poller": self._config.name, "id": chunk_id}
+        size = min(limit or state.chunk_size, state.chunk_size)
+        params: dict[str, Any] = {"n": size + 1, "poller": self._config.name, "id": chunk_id}
         if state.last_key is not None:
             binds = ", ".join(f":k{i}" for i in range(len(pk)))
             conditions.append(f"({cols}) > ({binds})")
             params.update({f"k{i}": state.last_key[p] for i, p in enumerate(pk)})
         if state.where:
-            conditions.append(f"({state.where})")
+            fragment, bound = where_sql(state.where, self.columns(table))
+            conditions.append(f"({fragment})")
+            params.update(bound)
         statement = sa.text(
             _CHUNK.format(
                 table=quote_table(table),
@@ -408,8 +446,8 @@ class ChunkReader:
             if fetched and fetched[0][-1]:  # a change the select cannot see is already committed
                 conn.rollback()
                 return None
-            more = len(fetched) > state.chunk_size
-            tuples = fetched[: state.chunk_size]
+            more = len(fetched) > size
+            tuples = fetched[:size]
             at = [names.index(p) for p in pk]
             chunk = Chunk(
                 id=params["id"],

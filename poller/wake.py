@@ -21,6 +21,7 @@ psycopg is imported only here, and only when a notify (or wal) poller first list
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import time
@@ -53,11 +54,18 @@ READ_SLICE = 0.25
 
 
 def _ident(prefix: str, poller: str) -> str:
-    return (prefix + re.sub(r"\W", "_", poller.lower()))[:63]
+    """A PostgreSQL identifier for ``poller``: ``prefix`` and the name when it is one already
+    (lower-case letters, digits, ``_``; 63 bytes at most); otherwise the name made one, and a
+    short hash of the name itself, so no two pollers share it (``orders-a``, ``orders_a``)."""
+    plain = re.sub(r"[^a-z0-9_]", "_", poller.lower())
+    if plain == poller and len(prefix + plain) <= 63:
+        return prefix + plain
+    digest = hashlib.sha256(poller.encode()).hexdigest()[:8]
+    return f"{(prefix + plain)[: 63 - 9]}_{digest}"
 
 
 def notify_channel(poller: PollerConfig) -> str:
-    """The LISTEN channel of a poller: ``dbfanout_<poller>``."""
+    """The LISTEN channel of a poller: ``dbfanout_<poller>`` (see :func:`_ident`)."""
     return _ident("dbfanout_", poller.name)
 
 

@@ -390,6 +390,10 @@ def encode_snapshot(state: SnapshotState) -> dict[str, Any]:
         "cancelled": state.cancelled,
         "error": state.error,
     }
+    if state.refused:  # absent otherwise: blobs as before
+        out["refused"] = state.refused
+    if state.failures:
+        out["failures"] = state.failures
     if state.last_key is not None:
         out["last_key"], tags = _encode_map(state.last_key)
         if tags:
@@ -405,7 +409,7 @@ def decode_snapshot(raw: Any) -> SnapshotState | None:
         tables, last_key = raw["tables"], raw.get("last_key")
         if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
             raise StateFormatError("checkpoint.snapshot.tables must be a list of table names")
-        for name in ("chunk_size", "rows", "chunks"):
+        for name in ("chunk_size", "rows", "chunks", "refused", "failures"):
             if not isinstance(raw.get(name, 0), int):
                 raise StateFormatError(f"checkpoint.snapshot.{name} must be an integer")
         tags = (raw.get("types") or {}).get("last_key") or {}
@@ -422,6 +426,8 @@ def decode_snapshot(raw: Any) -> SnapshotState | None:
             finished_at=_parse_ts(raw.get("finished_at"), "checkpoint.snapshot.finished_at"),
             cancelled=bool(raw.get("cancelled", False)),
             error=raw.get("error"),
+            refused=raw.get("refused", 0),
+            failures=raw.get("failures", 0),
         )
     except (KeyError, TypeError, AttributeError, SerializationError) as exc:
         if isinstance(exc, StateFormatError):

@@ -85,6 +85,9 @@ class SnapshotState:
     finished_at: dt.datetime | None = None
     cancelled: bool = False  # finished by `dbfanout snapshot --cancel`, not by reading every row
     error: str | None = None  # why it stopped early (its chunk select failed: a bad --where, a dropped table)
+    # chunk reads refused so far (a transaction committed but not yet visible: see poller.snapshot)
+    refused: int = 0
+    failures: int = 0  # chunk statements of the current table that failed in a row (bounded: then error)
 
     @property
     def active(self) -> bool:

@@ -66,6 +66,7 @@ class Metrics:
     lag_rows: LatestValue  # observable gauge, keyset and outbox pollers: rows not yet sent (bounded)
     sink_refusing: LatestValue  # observable gauge: 1 while the broker refuses sends (with ``reason``), else 0
     sends_refused: otel_metrics.Counter  # sends the broker refused (queue full, throttled, unreachable)
+    snapshot_chunks_refused: otel_metrics.Counter  # pg_logical snapshots: chunk reads refused (retried)
 
 
 def _build() -> Metrics:
@@ -150,6 +151,11 @@ def _build() -> Metrics:
             unit="{send}",
             description="sends the broker refused (attribute reason: queue_full, throttled, unreachable); "
             "ticks inside the backoff window send nothing and count nothing",
+        snapshot_chunks_refused=meter.create_counter(
+            "dbfanout.snapshot_chunks_refused",
+            unit="{chunk}",
+            description="snapshot chunk reads refused because a committed transaction was not visible yet "
+            "(pg_logical; retried with backoff and a smaller chunk)",
         ),
     )
 

@@ -11,6 +11,7 @@ import time
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from dbfanout.commands.common import (
@@ -109,7 +110,9 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         match = "-" if fp is None else "[green]match[/]" if fp else "[red]MISMATCH[/]"
         lag = f"{_text(src.get('lag'))} ({_text(src.get('pending_rows'))} pending)" if src else "-"
         if "snapshot" in row:
-            lag += "\n" + snapshot_line(row["snapshot"])
+            lag += "\n" + escape(snapshot_line(row["snapshot"]))
+        if "snapshot_hint" in row:
+            lag += "\n[yellow]" + escape(row["snapshot_hint"]) + "[/]"
         active = depth.get("active_unknown") or f"{_text(depth.get('active'))} active"
         queue = f"{depth['queue']}: {active}, {_text(depth.get('dead_lettered'))} DLQ"
         if "topic" in row:

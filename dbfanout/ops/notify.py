@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from poller.engines import source_engine
+from poller.snapshot import quote_table
 from poller.wake import NOTIFY_FUNCTION, notify_channel, notify_tables, notify_trigger_name
 from shared.config import PollerConfig
 
@@ -32,7 +33,11 @@ def missing_notify_triggers(poller: PollerConfig) -> list[str]:
     """The poller's tables that have no notify trigger yet."""
     name = notify_trigger_name(poller)
     with source_engine(poller).connect() as conn:
-        return [t for t in notify_tables(poller) if conn.execute(_EXISTS, {"name": name, "table": t}).first() is None]
+        return [
+            t
+            for t in notify_tables(poller)
+            if conn.execute(_EXISTS, {"name": name, "table": quote_table(t)}).first() is None
+        ]
 
 
 def create_notify_triggers(poller: PollerConfig) -> list[str]:
@@ -45,7 +50,7 @@ def create_notify_triggers(poller: PollerConfig) -> list[str]:
         conn.exec_driver_sql(_FUNCTION_DDL)
         for table in missing:
             conn.exec_driver_sql(
-                f"CREATE TRIGGER {name} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON {table} "
+                f"CREATE TRIGGER {name} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON {quote_table(table)} "
                 f"FOR EACH STATEMENT EXECUTE FUNCTION {NOTIFY_FUNCTION}('{channel}')"
             )
     return [f"trigger {name} on {t}" for t in missing]
@@ -57,5 +62,5 @@ def drop_notify_triggers(poller: PollerConfig) -> list[str]:
     present = [t for t in notify_tables(poller) if t not in missing_notify_triggers(poller)]
     with source_engine(poller).begin() as conn:
         for table in present:
-            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {quote_table(table)}")
     return [f"trigger {name} on {t}" for t in present]

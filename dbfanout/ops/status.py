@@ -24,6 +24,7 @@ from dbfanout.ops.bus import (
 )
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
+from dbfanout.ops.snapshot_checks import initial_too_late
 from poller.backoff import refusal_from_metadata
 from poller.engines import source_engine
 from poller.pg_logical import PgLogicalSource
@@ -112,6 +113,8 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
             out["sink_refusing"] = sink_refusing(doc.checkpoint.metadata, now)
             if position is not None and position.snapshot is not None:
                 out["snapshot"] = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
+            if late := initial_too_late(cfg, position):
+                out["snapshot_hint"] = late
     except Exception as exc:  # storage down: still show the source side
         out["state_error"] = _error(exc)
     try:
@@ -188,6 +191,7 @@ def snapshot_progress(state: SnapshotState, landed_at: dt.datetime | None) -> di
         "started_at": state.started_at.isoformat() if state.started_at else None,
         "finished_at": state.finished_at.isoformat() if state.finished_at else None,
         "error": state.error,
+        "chunks_refused": state.refused,
     }
 
 
@@ -206,6 +210,9 @@ def snapshot_line(snap: Mapping[str, Any]) -> str:
         text += f", ETA {snap['eta_seconds']:.0f}s"
     if snap.get("error"):
         text += f" ({snap['error']})"
+    if snap.get("chunks_refused"):
+        text += (f"; {snap['chunks_refused']} chunk read(s) refused: a commit was not visible yet (a synchronous "
+                 "standby or a busy server), retried with smaller chunks")  # fmt: skip
     return text
 
 

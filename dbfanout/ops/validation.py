@@ -30,6 +30,7 @@ from dbfanout.ops.checks import (
 )
 from dbfanout.ops.context import open_store
 from dbfanout.ops.slot_checks import slot_checks
+from dbfanout.ops.snapshot_checks import initial_too_late, ordering_check, signal_grant_checks
 from dbfanout.ops.topic_checks import topic_checks
 from poller.events import to_batch
 from poller.outbox import OutboxSource
@@ -69,6 +70,8 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
     yield from _notify_checks(cfg, fix)
     if isinstance(source, PgLogicalSource):
         yield from slot_checks(cfg, fix=fix)
+        yield from signal_grant_checks(cfg)
+        yield from ordering_check(cfg)
         return
     try:
         info = source.describe()
@@ -185,6 +188,8 @@ def _state_checks(config: Config, cfg: PollerConfig) -> Iterator[Check]:
         )
     else:
         yield Check(cfg.name, "state", "ok", "state blob readable, fingerprint matches")
+    if snap is not None and (late := initial_too_late(cfg, snap.doc.checkpoint.position)):
+        yield Check(cfg.name, "initial snapshot", "warn", late)
 
 
 def lease_margins_check(cfg: PollerConfig) -> Check:

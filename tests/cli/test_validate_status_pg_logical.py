@@ -207,3 +207,64 @@ def test_a_poller_set_up_before_snapshots_validates_with_warnings_and_fix_adds_t
     fixed = _checks(workspace.run("validate", "changes", "--json", "--fix").stdout)
     assert fixed["signal table"] == "ok" and fixed["publication"] == "ok"
     assert _checks(workspace.run("validate", "changes", "--json").stdout)["publication"] == "ok"
+
+
+def test_snapshot_refuses_a_hostile_condition_and_status_shows_one_the_poller_refused(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _add_poller(workspace, unset_up, monkeypatch)
+    assert workspace.run("validate", "changes", "--fix").exit_code == 0
+    unset_up.sql("CREATE SEQUENCE {t}_canary")
+    hostile = [
+        f"id = (SELECT nextval('{unset_up.name}_canary'))",
+        f"nextval('{unset_up.name}_canary') > 0",
+        f"1=1; DROP TABLE {unset_up.name}",
+        "id > 0 -- everything",
+        "id::text = '1'",
+    ]
+    # When the CLI is given hostile conditions: each is refused with the reason, and none is queued
+    for where in hostile:
+        refused = workspace.run("snapshot", "changes", "--where", where)
+        assert refused.exit_code == 2, (where, refused.stdout)
+        assert "--where refused" in refused.stdout + refused.stderr
+    with unset_up.engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT is_called FROM {unset_up.name}_canary")).scalar() is False
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {unset_up.config.signal_table}")).scalar() == 0
+    # And one written to the signal table by other means is refused by the poller, shown by status
+    with unset_up.engine.begin() as conn:
+        conn.execute(
+            sa.text(f"INSERT INTO {unset_up.config.signal_table} (poller, kind, id, data) VALUES ('changes', "
+                    "'request', 'by-hand', :data)"),
+            {"data": json.dumps({"action": "snapshot", "where": hostile[0]})},
+        )  # fmt: skip
+    workspace.drain("changes")
+    (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+    assert row["snapshot"]["status"] == "failed" and "where refused" in row["snapshot"]["error"]
+    assert "where refused" in workspace.run("status", "changes").stdout
+
+
+def test_validate_warns_of_writable_signal_grants_unordered_workers_and_an_initial_snapshot_added_too_late(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a streaming poller with a checkpoint, whose signal table PUBLIC may write
+    _add_poller(workspace, unset_up, monkeypatch)
+    assert workspace.run("validate", "changes", "--fix").exit_code == 0
+    unset_up.insert(range(3))
+    workspace.drain("changes")
+    signal = unset_up.config.signal_table
+    unset_up.sql(f"GRANT INSERT ON {signal} TO PUBLIC")
+    checks = _checks(workspace.run("validate", "changes", "--json").stdout)
+    assert checks["signal grants"] == "warn" and "initial snapshot" not in checks
+    assert "snapshot order" not in checks  # snapshot = "never": no reads unless asked
+    # When the grant is revoked and snapshot = "initial" is added to the poller (no sessions)
+    unset_up.sql(f"REVOKE INSERT ON {signal} FROM PUBLIC")
+    workspace.config_path.write_text(workspace.config_path.read_text() + 'snapshot = "initial"\n')
+    result = workspace.run("validate", "changes", "--json")
+    # Then the grants pass; the missing sessions and the initial snapshot that will not run are named
+    checks = _checks(result.stdout)
+    assert checks["signal grants"] == "ok"
+    assert checks["snapshot order"] == "warn" and "LatestVersions" in result.stdout
+    assert checks["initial snapshot"] == "warn" and "dbfanout snapshot changes" in result.stdout
+    # And status says what to run
+    (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+    assert "dbfanout snapshot changes" in row["snapshot_hint"]

@@ -96,7 +96,8 @@ def test_values_are_compared_as_the_codec_carries_them() -> None:
 
 def test_the_readers_round_trip_what_the_example_handler_writes(tmp_path: Path) -> None:
     # Given a source table and the example handler's tables with one applied upsert and one delete
-    from handlers.example import _encode_cursor, key_of, target_tables
+    from handlers.example import key_of, target_tables
+    from worker.ordering import encode_cursor
 
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     target_table, versions, _ = target_tables()
@@ -117,15 +118,15 @@ def test_the_readers_round_trip_what_the_example_handler_writes(tmp_path: Path) 
 
         conn.execute(
             sa.insert(target_table).values(
-                poller="orders", pk=key_of({"id": 1}), cursor=_encode_cursor(3),
+                poller="orders", pk=key_of({"id": 1}), cursor=encode_cursor(3),
                 row=dumps(normalize(source[1])).decode(), updated_at=dt.datetime.now(dt.UTC),
             )
         )  # fmt: skip
         conn.execute(
             sa.insert(versions),
             [
-                {"poller": "orders", "pk": key_of({"id": 1}), "cursor": _encode_cursor(3), "deleted": False},
-                {"poller": "orders", "pk": key_of({"id": 2}), "cursor": _encode_cursor(4), "deleted": True},
+                {"poller": "orders", "pk": key_of({"id": 1}), "cursor": encode_cursor(3), "deleted": False},
+                {"poller": "orders", "pk": key_of({"id": 2}), "cursor": encode_cursor(4), "deleted": True},
             ],
         )
     # When both sides are read back

@@ -10,8 +10,10 @@ them), and between the fetches and ticks (while a chunk's pages are being sent).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +27,12 @@ from poller.state_memory import MemoryStateStore
 from poller.tick import run_tick
 from shared.codec import decode_state, encode_state
 from shared.config import PollerConfig
+from shared.errors import CommitError
 from shared.models import RowChange
 from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config
 from tests.poller.tick_support import RecordingSink, drain
+from tests.support import otel
+from worker.idempotency import ProcessedEvents
 
 pytestmark = pytest.mark.integration
 
@@ -255,23 +260,104 @@ def test_a_cancel_stops_a_running_snapshot(logical: LogicalTable) -> None:
     assert state is not None and state.cancelled and not state.active
 
 
-def test_a_re_read_chunk_gives_its_rows_the_same_event_ids(logical: LogicalTable) -> None:
-    # Given rows read by a snapshot whose checkpoint never landed (the sink accepted, then a crash)
+def _request(table: LogicalTable, config: PollerConfig, **kw: Any) -> str:
+    statement, params = request_statement(config, **kw)
+    with table.engine.begin() as conn:
+        conn.execute(statement, params)
+    return str(params["id"])
+
+
+def _read_ids(sink: RecordingSink) -> dict[int, str]:
+    return {e.pk["id"]: e.event_id for e in events_of(sink.accepted) if e.change == "read"}
+
+
+def test_a_chunk_re_read_within_a_run_keeps_its_ids_and_another_run_gets_new_ones(logical: LogicalTable) -> None:
+    # Given a streaming poller over 10 rows that predate its slot, caught up
     logical.drop_slot()
     logical.insert(range(10), "old")
     logical.create_slot()
-    config = _config(logical, snapshot="initial", snapshot_chunk_size=10)
-    first, second = RecordingSink(), RecordingSink()
-    drain(config, _source(config), MemoryStateStore("p"), first)
-    # When another poller state (no checkpoint) reads them again, after one row changed
+    config = _config(logical, snapshot_chunk_size=20)
+    store = MemoryStateStore("p")
+    logical.insert([500], "new")
+    drain(config, _source(config), store, RecordingSink())
+    # When a snapshot is requested and read, but its checkpoint never lands (the state write fails
+    # after the send: the slot is not advanced)
+    _request(logical, config)
+    landed = store.load()
+    assert landed is not None
+    first, second, third = RecordingSink(), RecordingSink(), RecordingSink()
+    store.fail_next_commit()
+    with pytest.raises(CommitError):
+        run_tick(config, _source(config), store, first, owner_id="a")
+    now = store.load()
+    assert first.accepted and now is not None and now.doc.checkpoint == landed.doc.checkpoint
+    # And a new process reads the same run again, after one row changed
     logical.sql("UPDATE {t} SET v = 'changed' WHERE id = 5")
-    drain(config, _source(config), MemoryStateStore("p"), second)
-    ids_first = {e.pk["id"]: e.event_id for e in events_of(first.accepted) if e.change == "read"}
-    ids_second = {e.pk["id"]: e.event_id for e in events_of(second.accepted) if e.change == "read"}
-    # Then an unchanged row version has the same id (duplicate detection absorbs the copy); the
-    # changed row is not read at all: its update is in the chunk's window and arrives as itself
-    assert {k for k in ids_second if ids_first[k] == ids_second[k]} == set(range(10)) - {5}
+    drain(config, _source(config), store, second)
+    ids_first, ids_second = _read_ids(first), _read_ids(second)
+    # Then within the run an unchanged row version has the same id (duplicate detection absorbs
+    # the copy); the changed row (a new version, its update before the chunk) has a new one
+    rows = {*range(10), 500}
+    assert set(ids_first) == set(ids_second) == rows
+    assert {k for k in rows if ids_first[k] == ids_second[k]} == rows - {5}
     assert [(e.change, e.pk["id"]) for e in events_of(second.accepted) if e.change != "read"] == [("update", 5)]
+    # And a second snapshot (another run) reads every row again under new ids
+    _request(logical, config)
+    drain(config, _source(config), store, third)
+    ids_third = _read_ids(third)
+    assert set(ids_third) == rows
+    assert not set(ids_third.values()) & (set(ids_first.values()) | set(ids_second.values()))
+
+
+def test_a_request_reusing_the_last_runs_id_is_still_a_new_run(logical: LogicalTable) -> None:
+    # Given a finished snapshot whose request row was written by hand with id "repair"
+    logical.insert(range(5), "old")
+    config = _config(logical, snapshot_chunk_size=10)
+    store, first, second = MemoryStateStore("p"), RecordingSink(), RecordingSink()
+    hand_written = sa.text(
+        f"INSERT INTO {config.signal_table} (poller, kind, id, data) VALUES (:p, 'request', 'repair',"
+        ' \'{"action": "snapshot"}\') ON CONFLICT (poller, kind) DO UPDATE SET id = EXCLUDED.id,'
+        " data = EXCLUDED.data"
+    )
+    with logical.engine.begin() as conn:
+        conn.execute(hand_written, {"p": config.name})
+    drain(config, _source(config), store, first)
+    # When the same row is written again (same id)
+    with logical.engine.begin() as conn:
+        conn.execute(hand_written, {"p": config.name})
+    drain(config, _source(config), store, second)
+    # Then both runs delivered every row, under different ids
+    ids_first, ids_second = _read_ids(first), _read_ids(second)
+    assert set(ids_first) == set(ids_second) == set(range(5))
+    assert not set(ids_first.values()) & set(ids_second.values())
+
+
+def test_two_snapshots_of_an_unchanged_table_both_reach_an_idempotent_handler(
+    logical: LogicalTable, tmp_path: Path
+) -> None:
+    # Given a live poller and a handler that skips event ids it processed (ProcessedEvents)
+    logical.insert(range(30), "old")
+    config = _config(logical, snapshot_chunk_size=8, batch_size=10)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    target = sa.create_engine(f"sqlite:///{tmp_path / 'target.db'}")
+    processed = ProcessedEvents(target)
+    handled: list[RowChange] = []
+
+    def handler(batches: list[Any]) -> None:
+        with target.begin() as conn:
+            for batch in batches:
+                handled.extend(processed.fresh(conn, batch.events))
+
+    # When `dbfanout snapshot` runs twice on the unchanged table (each delivery handled as it comes)
+    for _ in range(2):
+        _request(logical, config)
+        done = len(sink.accepted)
+        drain(config, _source(config), store, sink)
+        handler(sink.accepted[done:])
+    target.dispose()
+    # Then the second run handed every row to the handler again (on main its ids were the first's)
+    reads = [e.pk["id"] for e in handled if e.change == "read"]
+    assert sorted(reads) == sorted([*range(30), *range(30)])
 
 
 OPS = st.lists(
@@ -454,3 +540,173 @@ def test_two_tables_with_the_same_keys_each_keep_their_rows_and_name_their_table
     finally:
         logical.drop_slot()
         logical.sql(f"DROP TABLE IF EXISTS {other}")
+
+
+def _snapshot_state(store: MemoryStateStore) -> Any:
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    return snap.doc.checkpoint.position.snapshot
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "id = (SELECT nextval('{t}_canary'))",
+        "id > 0) OR (SELECT nextval('{t}_canary')) > 0 OR (id = 1",
+        "1=1; SELECT nextval('{t}_canary')",
+        "id >= 0 OR nextval('{t}_canary') > 0 -- all",
+    ],
+)
+def test_a_hostile_where_written_to_the_signal_table_fails_its_request_and_nothing_of_it_runs(
+    logical: LogicalTable, where: str
+) -> None:
+    # Given a live poller, and a request with a hostile condition written by other means than the CLI
+    logical.insert(range(5), "old")
+    logical.sql("CREATE SEQUENCE {t}_canary")
+    try:
+        config = _config(logical)
+        store, sink = MemoryStateStore("p"), RecordingSink()
+        _request(logical, config, where=where.format(t=logical.name))
+        logical.insert([100], "new")
+        # When the poller reads it
+        drain(config, _source(config), store, sink)
+        # Then the request failed with the reason, no row was read, and the canary was never called
+        state = _snapshot_state(store)
+        assert state is not None and not state.active and state.error and "where refused" in state.error
+        assert {e.change for e in events_of(sink.accepted)} == {"insert"}  # the stream's (the rows came as inserts)
+        with logical.engine.connect() as conn:
+            assert conn.execute(sa.text(f"SELECT is_called FROM {logical.name}_canary")).scalar() is False
+    finally:
+        logical.sql("DROP SEQUENCE IF EXISTS {t}_canary")
+
+
+def test_a_chunk_statement_that_keeps_failing_fails_its_request_after_bounded_tries_and_the_stream_goes_on(
+    logical: LogicalTable,
+) -> None:
+    # Given a request whose condition parses but cannot run (a string against an integer column)
+    logical.insert(range(5), "old")
+    config = _config(logical)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    _request(logical, config, where="n = 'not a number'")
+    # When the poller ticks on, with changes coming
+    for i in range(6):
+        logical.insert([100 + i], "new")
+        drain(config, _source(config), store, sink)
+        state = _snapshot_state(store)
+        if state is not None and not state.active:
+            break
+    # Then the request failed with the database's reason after a few tries, and every change came
+    assert state is not None and not state.active and state.error and "invalid input syntax" in state.error
+    assert i <= 3
+    assert {e.change for e in events_of(sink.accepted)} == {"insert"}
+    assert sorted(e.pk["id"] for e in events_of(sink.accepted)) == [*range(5), *range(100, 101 + i)]
+
+
+def test_a_snapshot_finishes_while_transactions_are_always_in_flight(logical: LogicalTable) -> None:
+    # Given 500 rows and writers that keep transactions in flight, committing every few
+    # milliseconds on connections of their own (how a busy server, or one whose commits wait for a
+    # synchronous standby, looks to a chunk's select: a commit not yet visible is often there)
+    logical.drop_slot()
+    logical.insert(range(500), "old")
+    logical.create_slot()
+    config = _config(logical, snapshot_chunk_size=100, batch_size=100)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    stop = threading.Event()
+
+    def write(first: int) -> None:
+        engine = sa.create_engine(logical.url)
+        try:
+            with engine.connect() as conn:
+                n = first
+                while not stop.wait(0.002):  # a commit every few milliseconds (pacing, not a wait)
+                    conn.execute(sa.text(f"INSERT INTO {logical.name} (id, v, n) VALUES (:i, 'w', 0)"), {"i": n})
+                    conn.commit()
+                    n += 1
+        finally:
+            engine.dispose()
+
+    writers = [threading.Thread(target=write, args=(10_000 * (k + 1),), daemon=True) for k in range(3)]
+    for w in writers:
+        w.start()
+    refused = _refusals()
+    try:
+        _request(logical, config)
+        # When the poller ticks (a bounded number of times: the writers never let it catch up)
+        state, source = None, _source(config)
+        for _ in range(200):
+            run_tick(config, source, store, sink, owner_id="a")
+            state = _snapshot_state(store)
+            if state is not None and not state.active:
+                break
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(timeout=10)
+    # Then the snapshot finished, every pre-existing row was read, and the refusals were counted
+    assert state is not None and not state.active and state.error is None, state
+    reads = {e.pk["id"] for e in events_of(sink.accepted) if e.change == "read"}
+    assert set(range(500)) <= reads
+    assert state.refused == _refusals() - refused  # the state (status) and the metric agree
+
+
+def _refusals() -> int:
+    """The refusals the metric counted so far (for poller p; OpenTelemetry's in-memory reader)."""
+    otel.install()
+    data = otel.READER.get_metrics_data()
+    total = 0.0
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == "dbfanout.snapshot_chunks_refused":
+                    total += sum(
+                        getattr(p, "value", 0) for p in metric.data.data_points if p.attributes == {"poller": "p"}
+                    )
+    return int(total)
+
+
+class RefusingReader(ChunkReader):
+    """The real chunk reader, whose first ``refusals`` selects find a commit not visible yet (what
+    a busy server makes common): they are refused exactly as the racy check refuses them."""
+
+    def __init__(self, config: PollerConfig, engine: sa.Engine, refusals: int) -> None:
+        super().__init__(config, engine)
+        self.refusals, self.limits = refusals, list[int | None]()
+
+    def read(self, conn: sa.Connection, state: Any, start: Any, chunk_id: str | None = None,
+             limit: int | None = None) -> Chunk | None:  # fmt: skip
+        self.limits.append(limit)
+        if self.refusals > 0:
+            self.refusals -= 1
+            conn.rollback()
+            return None
+        return super().read(conn, state, start, chunk_id, limit)
+
+
+def test_refused_chunks_are_retried_with_backoff_and_smaller_chunks_and_the_snapshot_finishes(
+    logical: LogicalTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a requested snapshot whose chunk selects are refused 25 times in a row
+    logical.insert(range(50), "old")
+    config = _config(logical, snapshot_chunk_size=40)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    source = PgLogicalSource(config)
+    reader = source._chunks = RefusingReader(config, source._engine, 25)
+    _request(logical, config)
+    refused = _refusals()
+    # When the poller drains a few times (each drain: one tick)
+    state = None
+    for _ in range(8):
+        drain(config, source, store, sink)
+        state = _snapshot_state(store)
+        if state is not None and not state.active:
+            break
+    # Then the snapshot finished (on main a refused chunk waited for the next tick: 25 ticks)
+    assert state is not None and not state.active and state.error is None, state
+    assert sorted(e.pk["id"] for e in events_of(sink.accepted) if e.change == "read") == list(range(50))
+    # And each refusal halved the next read (down to one row), then reads grew back step by step
+    assert reader.limits[:7] == [40, 20, 10, 5, 2, 1, 1]
+    assert reader.limits[25:28] == [1, 2, 4]
+    # And the refusals are in the state (status), in the metric, and said once at WARNING
+    assert state.refused == 25 == _refusals() - refused
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "refused in a row" in r.getMessage()]
+    assert len(warnings) == 1
