@@ -8,7 +8,8 @@ the operations guide) they belong to.
     ├── ConfigError                 bad dbfanout.toml / settings; fails at load or indexing
     ├── SourceError                 the database side
     │   ├── FetchError              the query failed (database down, SQL error)
-    │   └── CursorError             a cursor value we cannot order by (naive, NULL, wrong type)
+    │   ├── CursorError             a cursor value we cannot order by (naive, NULL, wrong type)
+    │   └── SchemaChangeError       a migration changed the cursor or a key column (an operator decision)
     ├── SerializationError          a value, state blob or message we cannot encode/decode
     │   ├── StateFormatError        corrupt or unknown-version state blob
     │   └── EnvelopeError           malformed or foreign Service Bus message body
@@ -40,6 +41,7 @@ __all__ = [
     "LeaseError",
     "LostLeaseError",
     "OversizeRowError",
+    "SchemaChangeError",
     "SerializationError",
     "SourceError",
     "StateError",
@@ -95,6 +97,17 @@ class CursorError(SourceError):
     """Raised when a cursor value cannot be ordered safely (naive datetime, NULL, unsupported type)."""
 
     hint = "use a monotonic, non-NULL cursor column; set cursor_timezone for naive timestamps"
+
+
+class SchemaChangeError(SourceError):
+    """Raised when a migration renamed, dropped or retyped a column the checkpoint depends on.
+
+    The cursor and key columns are what a checkpoint holds: which column takes their place, and
+    whether the stored position still means the same thing, is the operator's decision. Other
+    columns follow the table by themselves.
+    """
+
+    hint = "follow the runbook in docs/operations.md#schema-changes-migrations"
 
 
 class SerializationError(DbFanoutError):

@@ -1,0 +1,290 @@
+"""A keyset source follows ALTER TABLE under a long-lived process (issue 32): one migration kind per
+test, every dialect, with the source pinned as the tick pins it.
+
+The first fetch after a migration returns the rows in the table's new shape (no failed tick, no
+restart); the fingerprint does not change; a change to the cursor or a key column is a clear
+error naming the column and the runbook, on every fetch, never a page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from poller.ports import SourceRow
+from poller.source import SqlSource
+from shared.errors import ConfigError, SchemaChangeError
+from shared.models import Position
+from tests.poller.source_fixtures import create, drain, engine, poller_config
+from tests.support.databases import unique_name
+
+__all__ = ["engine"]  # the fixture, re-exported for pytest
+
+pytestmark = pytest.mark.integration
+
+RUNBOOK = "docs/operations.md#schema-changes-migrations"
+BIG = 2**40  # needs BIGINT
+LONG = "x" * 300  # needs TEXT (longer than VARCHAR(40))
+
+
+def _table(engine: sa.Engine, rows: int = 5) -> str:
+    name = unique_name()
+    create(
+        engine,
+        name,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("c", sa.BigInteger, nullable=False),
+        sa.Column("payload", sa.String(40)),
+        sa.Column("n", sa.Integer),
+        sa.Index(f"ix_{name}", "c", "id"),
+        rows=[{"id": i, "c": i, "payload": f"p{i}", "n": i} for i in range(1, rows + 1)],
+    )
+    return name
+
+
+def _execute(engine: sa.Engine, *statements: str, **params: Any) -> None:
+    with engine.begin() as conn:
+        for statement in statements:
+            conn.execute(sa.text(statement), params)
+
+
+def _retype_statements(engine: sa.Engine, t: str) -> list[str]:
+    """int -> bigint and varchar -> text, as each database spells it (SQLite: the table rebuild)."""
+    dialect = engine.dialect.name
+    if dialect == "postgresql":
+        return [f"ALTER TABLE {t} ALTER COLUMN n TYPE BIGINT, ALTER COLUMN payload TYPE TEXT"]
+    if dialect in ("mysql", "mariadb"):
+        return [f"ALTER TABLE {t} MODIFY COLUMN n BIGINT, MODIFY COLUMN payload TEXT"]
+    return [  # https://www.sqlite.org/lang_altertable.html#otheralter
+        f"CREATE TABLE {t}_new (id INTEGER NOT NULL PRIMARY KEY, c BIGINT NOT NULL, payload TEXT, n BIGINT)",
+        f"INSERT INTO {t}_new SELECT id, c, payload, n FROM {t}",
+        f"DROP TABLE {t}",
+        f"ALTER TABLE {t}_new RENAME TO {t}",
+        f"CREATE INDEX ix_{t} ON {t} (c, id)",
+    ]
+
+
+# migration -> (the ALTER, the new row written after it, what the new row and the touched old row carry)
+def _migration(engine: sa.Engine, t: str, kind: str) -> tuple[list[str], str, dict[str, Any], dict[str, Any]]:
+    new = f"INSERT INTO {t} (id, c, payload, n) VALUES (6, 6, 'p6', 6)"
+    if kind == "add_nullable":
+        return (
+            [f"ALTER TABLE {t} ADD COLUMN extra VARCHAR(20)"],
+            f"INSERT INTO {t} (id, c, payload, n, extra) VALUES (6, 6, 'p6', 6, 'e6')",
+            {"id": 6, "c": 6, "payload": "p6", "n": 6, "extra": "e6"},
+            {"id": 1, "c": 7, "payload": "p1", "n": 1, "extra": None},
+        )
+    if kind == "add_default":
+        return (
+            [f"ALTER TABLE {t} ADD COLUMN flag INTEGER NOT NULL DEFAULT 7"],
+            new,
+            {"id": 6, "c": 6, "payload": "p6", "n": 6, "flag": 7},
+            {"id": 1, "c": 7, "payload": "p1", "n": 1, "flag": 7},
+        )
+    if kind == "rename":
+        return (
+            [f"ALTER TABLE {t} RENAME COLUMN payload TO note"],
+            f"INSERT INTO {t} (id, c, note, n) VALUES (6, 6, 'p6', 6)",
+            {"id": 6, "c": 6, "note": "p6", "n": 6},
+            {"id": 1, "c": 7, "note": "p1", "n": 1},
+        )
+    if kind == "retype":
+        return (
+            _retype_statements(engine, t),
+            f"INSERT INTO {t} (id, c, payload, n) VALUES (6, 6, '{LONG}', {BIG})",
+            {"id": 6, "c": 6, "payload": LONG, "n": BIG},
+            {"id": 1, "c": 7, "payload": "p1", "n": 1},
+        )
+    assert kind == "drop"
+    return (
+        [f"ALTER TABLE {t} DROP COLUMN payload"],
+        f"INSERT INTO {t} (id, c, n) VALUES (6, 6, 6)",
+        {"id": 6, "c": 6, "n": 6},
+        {"id": 1, "c": 7, "n": 1},
+    )
+
+
+@contextmanager
+def _statements(engine: sa.Engine) -> Iterator[list[str]]:
+    """Every statement ``engine`` sends while inside."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+
+def _fetch(source: SqlSource, after: Position | None) -> list[SourceRow]:
+    return list(source.fetch(after, 100).rows)
+
+
+@pytest.mark.parametrize("kind", ["add_nullable", "add_default", "rename", "retype", "drop"])
+def test_the_first_fetch_after_a_migration_carries_the_tables_new_shape(engine: sa.Engine, kind: str) -> None:
+    # Given a source that has read the table (its plan made) and stays up, as the resident poller does
+    t = _table(engine)
+    source = SqlSource(poller_config(str(engine.url), table=t), engine)
+    fingerprint = source.fingerprint
+    with source.pinned():
+        seen = drain(source, limit=2)
+        assert [r.values["payload"] for r in seen] == ["p1", "p2", "p3", "p4", "p5"]
+        # When the table is migrated, then a new row is written and an old one updated
+        alter, insert, new_row, old_row = _migration(engine, t, kind)
+        _execute(engine, *alter)
+        _execute(engine, insert, f"UPDATE {t} SET c = 7 WHERE id = 1")
+        # Then the very next fetch (same process, same tick) carries both in the new shape
+        rows = _fetch(source, seen[-1].position)
+    assert [dict(r.values) for r in rows] == [new_row, old_row]
+    assert {type(v) for r in rows for k, v in r.values.items() if k == "n"} == {int}
+    # And the fingerprint, which guards the checkpoint, is the same: no reset needed
+    assert source.fingerprint == fingerprint
+
+
+def test_migrations_in_sequence_keep_every_row_in_its_current_shape(engine: sa.Engine) -> None:
+    # Given a running source
+    t = _table(engine)
+    source = SqlSource(poller_config(str(engine.url), table=t), engine)
+    with source.pinned():
+        after = drain(source, limit=10)[-1].position
+        # When every kind of migration lands in turn, a row written after each
+        shapes: list[set[str]] = []
+        for step, statements in enumerate(
+            (
+                [f"ALTER TABLE {t} ADD COLUMN extra VARCHAR(20)"],
+                [f"ALTER TABLE {t} ADD COLUMN flag INTEGER NOT NULL DEFAULT 7"],
+                [f"ALTER TABLE {t} RENAME COLUMN payload TO note"],
+                [f"ALTER TABLE {t} DROP COLUMN extra"],
+            )
+        ):
+            _execute(engine, *statements)
+            _execute(engine, f"INSERT INTO {t} (id, c, n) VALUES (:i, :i, :i)", i=100 + step)
+            rows = _fetch(source, after)
+            # Then each fetch delivers the new row, in the shape of that moment
+            assert [r.values["id"] for r in rows] == [100 + step]
+            shapes.append(set(rows[0].values))
+            after = rows[-1].position
+    assert shapes == [
+        {"id", "c", "payload", "n", "extra"},
+        {"id", "c", "payload", "n", "extra", "flag"},
+        {"id", "c", "note", "n", "extra", "flag"},
+        {"id", "c", "note", "n", "flag"},
+    ]
+
+
+def test_an_idle_fetch_costs_one_statement_before_and_after_a_migration(engine: sa.Engine) -> None:
+    # Given a caught-up source (its first fetch also counted the NULL cursors)
+    t = _table(engine)
+    source = SqlSource(poller_config(str(engine.url), table=t), engine)
+    with source.pinned():
+        after = drain(source, limit=10)[-1].position
+        # When it fetches while nothing changes, Then each fetch is one SELECT: no catalog check
+        with _statements(engine) as idle:
+            for _ in range(3):
+                assert _fetch(source, after) == []
+        assert len(idle) == 3, idle
+        # And after a migration the re-planning costs statements once, then idle is one SELECT again
+        _execute(engine, f"ALTER TABLE {t} ADD COLUMN extra VARCHAR(20)")
+        assert _fetch(source, after) == []
+        with _statements(engine) as idle:
+            for _ in range(3):
+                assert _fetch(source, after) == []
+        assert len(idle) == 3, idle
+
+
+@pytest.mark.parametrize(("column", "role"), [("c", "cursor"), ("id", "pk")])
+def test_renaming_the_cursor_or_a_key_column_is_an_error_naming_it_and_the_runbook(
+    engine: sa.Engine, column: str, role: str
+) -> None:
+    # Given a running source
+    t = _table(engine)
+    source = SqlSource(poller_config(str(engine.url), table=t), engine)
+    with source.pinned():
+        after = drain(source, limit=10)[-1].position
+        # When a migration renames its cursor (or key) column, and a row is written after it
+        _execute(engine, f"ALTER TABLE {t} RENAME COLUMN {column} TO {column}_renamed")
+        # Then every fetch fails with an error naming the column, its role and the runbook (never a page)
+        for _ in range(2):
+            with pytest.raises(SchemaChangeError) as caught:
+                source.fetch(after, 100)
+            message = str(caught.value)
+            assert f"{role} column {column!r}" in message and t in message and RUNBOOK in message, message
+    # And a fresh process (a restart, `dbfanout status`) names the setting, the column and the runbook
+    with pytest.raises(ConfigError, match=rf"pollers\.orders\.{role}: column {column!r} .*{RUNBOOK}"):
+        SqlSource(poller_config(str(engine.url), table=t), engine).fetch(after, 100)
+
+
+def test_a_cursor_column_whose_kind_changes_is_an_operator_decision(engine: sa.Engine) -> None:
+    # Given a running source over an integer cursor
+    t = _table(engine)
+    source = SqlSource(poller_config(str(engine.url), table=t), engine)
+    with source.pinned():
+        after = drain(source, limit=10)[-1].position
+        # When a migration makes the cursor text (its checkpointed values would compare differently)
+        dialect = engine.dialect.name
+        if dialect == "postgresql":
+            _execute(engine, f"ALTER TABLE {t} ALTER COLUMN c TYPE VARCHAR(20)")
+        elif dialect in ("mysql", "mariadb"):
+            _execute(engine, f"ALTER TABLE {t} MODIFY COLUMN c VARCHAR(20) NOT NULL")
+        else:
+            _execute(
+                engine,
+                f"CREATE TABLE {t}_new (id INTEGER NOT NULL PRIMARY KEY, c VARCHAR(20) NOT NULL, payload TEXT, n INT)",
+                f"INSERT INTO {t}_new SELECT id, c, payload, n FROM {t}",
+                f"DROP TABLE {t}",
+                f"ALTER TABLE {t}_new RENAME TO {t}",
+            )
+        _execute(engine, f"INSERT INTO {t} (id, c, payload, n) VALUES (6, '6', 'p6', 6)")
+        # Then the fetch fails naming the cursor column and the runbook (SQLite: seen in the new row's value)
+        with pytest.raises(SchemaChangeError, match=rf"cursor column 'c'.*{RUNBOOK}"):
+            source.fetch(after, 100)
+
+
+def test_a_key_column_widened_from_int_to_bigint_goes_on(engine: sa.Engine) -> None:
+    # Given a running source (the commonest type change of all: the id runs out of int)
+    t = _table(engine)
+    source = SqlSource(poller_config(str(engine.url), table=t), engine)
+    with source.pinned():
+        after = drain(source, limit=10)[-1].position
+        dialect = engine.dialect.name
+        if dialect == "postgresql":
+            _execute(engine, f"ALTER TABLE {t} ALTER COLUMN id TYPE BIGINT")
+        elif dialect in ("mysql", "mariadb"):
+            _execute(engine, f"ALTER TABLE {t} MODIFY COLUMN id BIGINT NOT NULL")
+        else:
+            pytest.skip("SQLite's INTEGER PRIMARY KEY is 64-bit already")
+        _execute(engine, f"INSERT INTO {t} (id, c, payload, n) VALUES ({BIG}, 6, 'p6', 6)")
+        # Then the next fetch delivers the row with the wide key
+        rows = _fetch(source, after)
+    assert [r.position.pk["id"] for r in rows] == [BIG]
+
+
+def test_query_mode_follows_a_select_star_query_through_add_rename_and_drop(engine: sa.Engine) -> None:
+    # Given a query-mode source over SELECT *
+    t = _table(engine)
+    source = SqlSource(poller_config(str(engine.url), query=f"SELECT * FROM {t}"), engine)
+    with source.pinned():
+        after = drain(source, limit=10)[-1].position
+        # When columns are added, renamed and dropped, a row written after each
+        shapes = []
+        for step, statement in enumerate(
+            (
+                f"ALTER TABLE {t} ADD COLUMN extra VARCHAR(20)",
+                f"ALTER TABLE {t} RENAME COLUMN payload TO note",
+                f"ALTER TABLE {t} DROP COLUMN extra",
+            )
+        ):
+            _execute(engine, statement)
+            _execute(engine, f"INSERT INTO {t} (id, c, n) VALUES (:i, :i, :i)", i=100 + step)
+            rows = _fetch(source, after)
+            shapes.append(set(rows[0].values))
+            after = rows[-1].position
+    # Then each row comes in the query's shape of the moment
+    assert shapes == [{"id", "c", "payload", "n", "extra"}, {"id", "c", "note", "n", "extra"}, {"id", "c", "note", "n"}]
