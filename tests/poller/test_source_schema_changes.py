@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from poller.outbox import OutboxSource
 from poller.ports import SourceRow
 from poller.source import SqlSource
 from shared.errors import ConfigError, SchemaChangeError
 from shared.models import Position
+from tests.poller.outbox_support import Outbox, outbox_poller, read_until
 from tests.poller.source_fixtures import create, drain, engine, poller_config
 from tests.support.databases import unique_name
 
@@ -288,3 +290,27 @@ def test_query_mode_follows_a_select_star_query_through_add_rename_and_drop(engi
             after = rows[-1].position
     # Then each row comes in the query's shape of the moment
     assert shapes == [{"id", "c", "payload", "n", "extra"}, {"id", "c", "note", "n", "extra"}, {"id", "c", "note", "n"}]
+
+
+def test_an_outbox_follows_its_own_table_and_names_a_contract_column_a_migration_took(any_db_url: str) -> None:
+    # Given an outbox source that has read a change
+    box = Outbox(any_db_url)
+    try:
+        source = OutboxSource(outbox_poller(any_db_url, box.name))
+        box.write("order-1", "created", {"total": 1})
+        first = read_until(source, None, 1)
+        # When the outbox table gains a column and the application's payload gains a key (its own migration)
+        with box.engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE {box.name} ADD COLUMN tenant VARCHAR(20)")
+        box.write("order-1", "updated", {"total": 2, "currency": "EUR"})
+        # Then the next change arrives, its after being what the application wrote
+        later = read_until(source, first[-1].position, 1)
+        assert [dict(r.values) for r in later] == [{"total": 2, "currency": "EUR"}]
+        # When a migration renames one of the outbox's own columns
+        with box.engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE {box.name} RENAME COLUMN payload TO body")
+        # Then the next read is a ConfigError naming the column (the checkpoint cannot move)
+        with pytest.raises(ConfigError, match="lacks column.*payload"):
+            source.fetch(later[-1].position, 10)
+    finally:
+        box.drop()
