@@ -88,7 +88,9 @@ def _migrations(dialect: str) -> list[list[str]]:
 class MigratingWriter:
     """Writes ``orders`` from a thread in small transactions and migrates it between them."""
 
-    def __init__(self, url: str, rows: int, *, per_txn: int = 5, pause: float = 0.05) -> None:
+    def __init__(
+        self, url: str, rows: int, *, per_txn: int = 5, pause: float = 0.05, before_migration: Callable[[int], None]
+    ) -> None:
         self.engine = sqlite_engine(url)
         self.dialect = self.engine.dialect.name
         with self.engine.begin() as conn:
@@ -99,6 +101,7 @@ class MigratingWriter:
         self.version = 0
         self.live: list[int] = []
         self.migrated_at: list[int] = []  # the version written last before each migration
+        self.before_migration = before_migration  # called with that version; returns when it may go ahead
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="migrating-writer", daemon=True)
 
@@ -131,16 +134,19 @@ class MigratingWriter:
             self.error = exc
 
     def _migrate(self, statements: list[str]) -> None:
+        self.before_migration(self.version)
         if self.dialect == "sqlite":  # pysqlite does not open a transaction for DDL: BEGIN it ourselves
             raw = self.engine.raw_connection()
+            driver: Any = raw.driver_connection
+            legacy, driver.isolation_level = driver.isolation_level, None
             try:
-                raw.driver_connection.isolation_level = None  # type: ignore[union-attr]
                 cursor = raw.cursor()
                 cursor.execute("BEGIN IMMEDIATE")
                 for statement in statements:
                     cursor.execute(statement)
                 cursor.execute("COMMIT")
             finally:
+                driver.isolation_level = legacy  # the pooled connection goes back as it came
                 raw.close()
         else:
             with self.engine.begin() as conn:
@@ -270,11 +276,17 @@ def test_run_follows_add_rename_retype_and_drop_column_while_a_writer_writes(
 ) -> None:
     # Given a running app streaming the orders table
     app = _app(tmp_path, azurite, servicebus, db_url)
-    writer = MigratingWriter(db_url or f"sqlite:///{app.root / 'source.db'}", ROWS)
+
+    def delivered_up_to(version: int) -> None:
+        """Each migration lands under a poller whose plan was made for the shape before it."""
+        wait_for(lambda: max((e["version"] for e in _events(app)), default=0) >= version, 60, f"version {version}")
+
+    writer = MigratingWriter(db_url or f"sqlite:///{app.root / 'source.db'}", ROWS, before_migration=delivered_up_to)
     target = Target(db_url or app.root / "target.db")
     host = HostProcess(app).start()
     try:
-        # When a writer writes while it migrates the table five times
+        # When a writer writes while it migrates the table five times, the host streaming throughout
+        wait_for(host.started, 60, "the host to start")
         writer.start()
         writer.join(300)
         # Then the target converges to the source, nothing lost, every row in its final shape
@@ -314,7 +326,7 @@ def test_a_renamed_cursor_column_stops_delivery_with_the_runbook_in_status_until
 ) -> None:
     # Given a running app that delivered the table
     app = _app(tmp_path, azurite, servicebus, None)
-    writer = MigratingWriter(f"sqlite:///{app.root / 'source.db'}", 0)
+    writer = MigratingWriter(f"sqlite:///{app.root / 'source.db'}", 0, before_migration=lambda version: None)
     target = Target(app.root / "target.db")
     with writer.engine.begin() as conn:
         for i in range(1, 21):
