@@ -1,8 +1,8 @@
 """The handler of the schema-change end-to-end tests, copied into the test's app folder as ``schema_probe.py``.
 
 ``handle`` appends one line per event it is given (every delivery, duplicates included) to
-``events.jsonl`` beside this file: the row's id, its cursor, the op, the column names of ``after``
-and its ``n``; then it applies the batch with the example handler (the target table).
+``events.jsonl`` beside this file: the row's id, its ``version`` column, the op, the column names
+of ``after`` and its ``n`` (None for a delete without ``after``); then it applies the batch with the example handler (the target table).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def handle(events: list[RowChange], context: HandlerContext) -> None:
         json.dumps(
             {
                 "id": e.pk["id"],
-                "version": e.cursor,
+                "version": (e.after or {}).get("version"),  # the write that made this row state
                 "op": e.op,
                 "columns": sorted(e.after) if e.after is not None else None,
                 "n": (e.after or {}).get("n"),

@@ -32,6 +32,7 @@ from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.conftest import FULL
 from tests.host.app_support import AppDir, HostProcess, Target, drop_pg_schema, pg_schema_url, sqlite_engine, wait_for
+from tests.poller.pg_logical_support import LogicalTable
 from tests.support.azurite import Azurite
 from tests.support.databases import MYSQL_URL, PG_URL, unique_name, unreachable_reason
 
@@ -42,11 +43,13 @@ ROWS = 2_000 if FULL else 300
 BIG = 2**40
 RUNBOOK = "docs/operations.md#schema-changes-migrations"
 
-DDL = (
-    "CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, payload VARCHAR(40), n INTEGER,"
-    " deleted_at VARCHAR(40))"
-)
-INDEX = "CREATE INDEX ix_orders_keyset ON orders (version, id)"
+COLUMNS = "id INTEGER PRIMARY KEY, version INTEGER NOT NULL, payload VARCHAR(40), n INTEGER, deleted_at VARCHAR(40)"
+
+
+def _index(t: str) -> str:
+    return f"CREATE INDEX ix_{t}_keyset ON {t} (version, id)"
+
+
 # The column names of a row after each migration (index = migrations applied so far).
 SHAPES = [
     {"id", "version", "payload", "n", "deleted_at"},
@@ -59,43 +62,57 @@ SHAPES = [
 RETYPED = 4  # after this many migrations, n holds BIG + version and the text outgrows VARCHAR(40)
 
 
-def _retype(dialect: str) -> list[str]:
+def _retype(dialect: str, t: str) -> list[str]:
     if dialect == "postgresql":
-        return ["ALTER TABLE orders ALTER COLUMN n TYPE BIGINT, ALTER COLUMN note TYPE TEXT"]
+        return [f"ALTER TABLE {t} ALTER COLUMN n TYPE BIGINT, ALTER COLUMN note TYPE TEXT"]
     if dialect in ("mysql", "mariadb"):
-        return ["ALTER TABLE orders MODIFY COLUMN n BIGINT, MODIFY COLUMN note TEXT"]
+        return [f"ALTER TABLE {t} MODIFY COLUMN n BIGINT, MODIFY COLUMN note TEXT"]
     columns = "id, version, note, n, deleted_at, extra, flag"
     return [  # SQLite cannot retype a column: the documented table rebuild, in one transaction
-        "CREATE TABLE orders_new (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, note TEXT, n BIGINT,"
+        f"CREATE TABLE {t}_new (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, note TEXT, n BIGINT,"
         " deleted_at VARCHAR(40), extra VARCHAR(20), flag INTEGER NOT NULL DEFAULT 7)",
-        f"INSERT INTO orders_new ({columns}) SELECT {columns} FROM orders",
-        "DROP TABLE orders",
-        "ALTER TABLE orders_new RENAME TO orders",
-        INDEX,
+        f"INSERT INTO {t}_new ({columns}) SELECT {columns} FROM {t}",
+        f"DROP TABLE {t}",
+        f"ALTER TABLE {t}_new RENAME TO {t}",
+        _index(t),
     ]
 
 
-def _migrations(dialect: str) -> list[list[str]]:
+def _migrations(dialect: str, t: str) -> list[list[str]]:
     return [
-        ["ALTER TABLE orders ADD COLUMN extra VARCHAR(20)"],
-        ["ALTER TABLE orders ADD COLUMN flag INTEGER NOT NULL DEFAULT 7"],
-        ["ALTER TABLE orders RENAME COLUMN payload TO note"],
-        _retype(dialect),
-        ["ALTER TABLE orders DROP COLUMN extra"],
+        [f"ALTER TABLE {t} ADD COLUMN extra VARCHAR(20)"],
+        [f"ALTER TABLE {t} ADD COLUMN flag INTEGER NOT NULL DEFAULT 7"],
+        [f"ALTER TABLE {t} RENAME COLUMN payload TO note"],
+        _retype(dialect, t),
+        [f"ALTER TABLE {t} DROP COLUMN extra"],
     ]
 
 
 class MigratingWriter:
-    """Writes ``orders`` from a thread in small transactions and migrates it between them."""
+    """Writes a table (``orders``) from a thread in small transactions and migrates it between them.
+
+    ``version`` counts the writes; ``n`` is the version too (plus BIG once retyped). Deletes are soft
+    (``deleted_at``) unless ``hard_deletes``.
+    """
 
     def __init__(
-        self, url: str, rows: int, *, per_txn: int = 5, pause: float = 0.05, before_migration: Callable[[int], None]
+        self,
+        url: str,
+        rows: int,
+        *,
+        per_txn: int = 5,
+        pause: float = 0.05,
+        before_migration: Callable[[int], None],
+        table: str = "orders",
+        hard_deletes: bool = False,
     ) -> None:
         self.engine = sqlite_engine(url)
         self.dialect = self.engine.dialect.name
-        with self.engine.begin() as conn:
-            conn.exec_driver_sql(DDL)
-            conn.exec_driver_sql(INDEX)
+        self.table, self.hard_deletes = table, hard_deletes
+        if table == "orders":
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(f"CREATE TABLE orders ({COLUMNS})")
+                conn.exec_driver_sql(_index("orders"))
         self.rows, self.per_txn, self.pause = rows, per_txn, pause
         self.rng = random.Random(11)
         self.version = 0
@@ -118,7 +135,7 @@ class MigratingWriter:
 
     def _run(self) -> None:
         try:
-            migrations = _migrations(self.dialect)
+            migrations = _migrations(self.dialect, self.table)
             every = self.rows // (len(migrations) + 1)
             next_id = 1
             while next_id <= self.rows:
@@ -154,38 +171,37 @@ class MigratingWriter:
                     conn.exec_driver_sql(statement)
         self.migrated_at.append(self.version)
 
-    def _values(self) -> tuple[str, dict[str, Any]]:
+    def _values(self) -> dict[str, Any]:
         """The columns a write sets now (they follow the migrations) and their values."""
         phase = len(self.migrated_at)
-        text = "note" if phase >= 3 else "payload"
         values: dict[str, Any] = {
-            "ver": self.version,
-            "v": ("x" * 60 if phase >= RETYPED else "") + f"v{self.version}",
+            "version": self.version,
+            "note" if phase >= 3 else "payload": ("x" * 60 if phase >= RETYPED else "") + f"v{self.version}",
             "n": self.version + (BIG if phase >= RETYPED else 0),
         }
-        sets = f"version = :ver, {text} = :v, n = :n"
         if phase in (1, 2, 3, 4):  # extra exists from the first migration to the last
-            values["e"] = f"e{self.version}"
-            sets += ", extra = :e"
-        return sets, values
+            values["extra"] = f"e{self.version}"
+        return values
+
+    def _update(self, conn: sa.Connection, i: int) -> None:
+        values = self._values()
+        sets = ", ".join(f"{c} = :{c}" for c in values)
+        conn.execute(sa.text(f"UPDATE {self.table} SET {sets} WHERE id = :id"), {**values, "id": i})
 
     def _one(self, conn: sa.Connection, next_id: int) -> int:
         self.version += 1
         roll = self.rng.random()
-        sets, values = self._values()
+        t = self.table
         if roll < 0.25 and self.live:
-            conn.execute(
-                sa.text(f"UPDATE orders SET {sets} WHERE id = :i"), {**values, "i": self.rng.choice(self.live)}
-            )
+            self._update(conn, self.rng.choice(self.live))
             return next_id
         if roll < 0.35 and self.live:
             i = self.live.pop(self.rng.randrange(len(self.live)))
-            conn.execute(
-                sa.text("UPDATE orders SET version = :ver, deleted_at = 'gone' WHERE id = :i"), {**values, "i": i}
-            )
+            delete = f"DELETE FROM {t}" if self.hard_deletes else f"UPDATE {t} SET version = :v, deleted_at = 'gone'"
+            conn.execute(sa.text(f"{delete} WHERE id = :i"), {"v": self.version, "i": i})
             return next_id
-        conn.execute(sa.text("INSERT INTO orders (id, version) VALUES (:i, :ver)"), {"i": next_id, "ver": self.version})
-        conn.execute(sa.text(f"UPDATE orders SET {sets} WHERE id = :i"), {**values, "i": next_id})
+        values = {"id": next_id, **self._values()}  # one statement: a log-based source sees each one
+        conn.execute(sa.text(f"INSERT INTO {t} ({', '.join(values)}) VALUES (:{', :'.join(values)})"), values)
         self.live.append(next_id)
         return next_id + 1
 
@@ -194,12 +210,11 @@ class MigratingWriter:
         with self.engine.begin() as conn:
             for i in sorted(self.live):
                 self.version += 1
-                sets, values = self._values()
-                conn.execute(sa.text(f"UPDATE orders SET {sets} WHERE id = :i"), {**values, "i": i})
+                self._update(conn, i)
 
     def expected(self) -> dict[int, dict[str, Any]]:
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.text("SELECT * FROM orders WHERE deleted_at IS NULL")).mappings().all()
+            rows = conn.execute(sa.text(f"SELECT * FROM {self.table} WHERE deleted_at IS NULL")).mappings().all()
         return {int(r["id"]): dict(r) for r in rows}
 
 
@@ -250,8 +265,33 @@ def _app(tmp_path: Path, azurite: Azurite, servicebus: Emulator, db_url: str | N
 
 
 def _events(app: AppDir) -> list[dict[str, Any]]:
+    """The events the probe handler saw that carry a row (a hard delete carries none)."""
     path = app.root / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [e for e in events if e["version"] is not None]
+
+
+def _delivered_up_to(app: AppDir) -> Callable[[int], None]:
+    def wait(version: int) -> None:
+        """Each migration lands under a poller whose plan was made for the shape before it."""
+        wait_for(lambda: max((e["version"] for e in _events(app)), default=0) >= version, 60, f"version {version}")
+
+    return wait
+
+
+def _check_shapes(events: list[dict[str, Any]], migrated_at: list[int]) -> None:
+    """Every event carried the table's shape at or after its row's write (never an older one), the
+    new column in every later event, the retyped values exact; each phase was delivered."""
+    seen_phases = set()
+    for event in events:
+        phase = sum(1 for at in migrated_at if event["version"] > at)
+        seen_phases.add(phase)
+        assert set(event["columns"]) in SHAPES[phase:], (event, migrated_at)
+        if event["op"] == "upsert":
+            assert event["n"] == event["version"] + (BIG if phase >= RETYPED else 0), event
+    assert seen_phases == set(range(len(SHAPES))), seen_phases
+    last = [e for e in events if e["version"] > migrated_at[-1]]
+    assert last and all(set(e["columns"]) == SHAPES[-1] for e in last)
 
 
 def _converged(writer: MigratingWriter, target: Target) -> Callable[[], bool]:
@@ -276,12 +316,9 @@ def test_run_follows_add_rename_retype_and_drop_column_while_a_writer_writes(
 ) -> None:
     # Given a running app streaming the orders table
     app = _app(tmp_path, azurite, servicebus, db_url)
-
-    def delivered_up_to(version: int) -> None:
-        """Each migration lands under a poller whose plan was made for the shape before it."""
-        wait_for(lambda: max((e["version"] for e in _events(app)), default=0) >= version, 60, f"version {version}")
-
-    writer = MigratingWriter(db_url or f"sqlite:///{app.root / 'source.db'}", ROWS, before_migration=delivered_up_to)
+    writer = MigratingWriter(
+        db_url or f"sqlite:///{app.root / 'source.db'}", ROWS, before_migration=_delivered_up_to(app)
+    )
     target = Target(db_url or app.root / "target.db")
     host = HostProcess(app).start()
     try:
@@ -293,19 +330,8 @@ def test_run_follows_add_rename_retype_and_drop_column_while_a_writer_writes(
         wait_for(_converged(writer, target), 180, "the target to match the source")
         assert target.rows() == writer.expected()
         assert len(writer.migrated_at) == len(SHAPES) - 1
-        # And every event carried the table's shape at or after its row's write (never an older one),
-        # the new column in every later event, the retyped values exact
-        events = _events(app)
-        seen_phases = set()
-        for event in events:
-            phase = sum(1 for at in writer.migrated_at if event["version"] > at)
-            seen_phases.add(phase)
-            assert set(event["columns"]) in SHAPES[phase:], (event, writer.migrated_at)
-            if event["op"] == "upsert":
-                assert event["n"] == event["version"] + (BIG if phase >= RETYPED else 0), event
-        assert seen_phases == set(range(len(SHAPES))), seen_phases
-        last = [e for e in events if e["version"] > writer.migrated_at[-1]]
-        assert last and all(set(e["columns"]) == SHAPES[-1] for e in last)
+        # And every event carried the table's shape of the moment it was read
+        _check_shapes(_events(app), writer.migrated_at)
         # And no tick failed on a column the plan still named
         log = host.log_text()
         for failure in ("does not exist", "Unknown column", "no such column", "SchemaChangeError"):
@@ -364,3 +390,41 @@ def test_a_renamed_cursor_column_stops_delivery_with_the_runbook_in_status_until
     finally:
         host.stop_quietly()
         target.close()
+
+
+def test_a_pg_logical_poller_under_run_follows_add_rename_retype_and_drop_column(
+    tmp_path: Path, azurite: Azurite, servicebus: Emulator, pg_logical_url: str
+) -> None:
+    # Given a running app whose pg_logical poller streams a published table
+    table = LogicalTable(pg_logical_url)
+    try:
+        table.create(COLUMNS)
+        cfg = table.config
+        app = _app(tmp_path, azurite, servicebus, None)
+        (app.root / "dbfanout.toml").write_text(
+            f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "pg_logical"\n'
+            f'source_url = "{pg_logical_url}"\ntables = ["{table.name}"]\nslot = "{cfg.slot}"\n'
+            f'publication = "{cfg.publication}"\nsignal_table = "{cfg.signal_table}"\n'
+            f'batch_size = 100\nmax_batches_per_tick = 20\nlease_ttl_seconds = 10\nschedule = "*/1 * * * * *"\n'
+            f'queue = "{app.queue}"\nhandler = "schema_probe:handle"\n'
+        )
+        writer = MigratingWriter(
+            pg_logical_url, ROWS, before_migration=_delivered_up_to(app), table=table.name, hard_deletes=True
+        )
+        target = Target(app.root / "target.db")
+        host = HostProcess(app).start()
+        try:
+            # When a writer writes (real deletes) while it migrates the table five times
+            wait_for(host.started, 60, "the host to start")
+            writer.start()
+            writer.join(300)
+            # Then the target converges to the source and every event carried the shape of its decoding
+            wait_for(_converged(writer, target), 180, "the target to match the source")
+            assert len(writer.migrated_at) == len(SHAPES) - 1
+            _check_shapes(_events(app), writer.migrated_at)
+            assert host.terminate() == 0, host.log_tail()
+        finally:
+            host.stop_quietly()
+            target.close()
+    finally:
+        table.drop()
