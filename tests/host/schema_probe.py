@@ -2,7 +2,8 @@
 
 ``handle`` appends one line per event it is given (every delivery, duplicates included) to
 ``events.jsonl`` beside this file: the row's id, its ``version`` column, the op, the column names
-of ``after`` and its ``n`` (None for a delete without ``after``); then it applies the batch with the example handler (the target table).
+of ``after`` and its ``n`` (None for a delete without ``after``); then it applies the batch with
+the example handler (the target table).
 """
 
 from __future__ import annotations
