@@ -252,7 +252,11 @@ class SqlSource:
                     hint="keep one type in the cursor column (SQLite stores what it is given)",
                 )
         else:
-            self._check_key_types(before.shape, now.shape)
+            try:
+                self._check_key_types(before.shape, now.shape)
+            except SchemaChangeError:
+                self._resolved = before  # every tick says so again, until the operator decides (or reverts)
+                raise
             log.info(
                 "poller %s: table %s changed (%s); re-planned, reading on",
                 self._config.name, self._config.table, now.shape.changes_since(before.shape),
