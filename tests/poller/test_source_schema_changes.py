@@ -365,3 +365,22 @@ def test_a_state_blob_written_before_migrations_is_resumed_by_the_running_and_a_
     ]
     assert written_before is not None and decode_state(written_before).source_fingerprint == running.fingerprint
     assert [e.pk["id"] for e in events] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_an_idle_tick_runs_one_statement_on_the_source_before_and_after_a_migration(engine: sa.Engine) -> None:
+    # Given a caught-up poller ticking as the timer does (its first tick also counted the NULL cursors)
+    t = _table(engine)
+    poller = dataclasses.replace(make_poller(str(engine.url), t), cursor="c", soft_delete_column=None)
+    store, sink, source = MemoryStateStore("orders"), RecordingSink(), SqlSource(poller, engine)
+    run_tick(poller, source, store, sink, owner_id="host-a")
+
+    def idle_statements() -> int:
+        with _statements(engine) as seen:
+            assert run_tick(poller, source, store, sink, owner_id="host-a").stop_reason == "caught_up"
+        return len(seen)
+
+    # Then an idle tick sends one statement to the source, before and after a migration (no catalog check)
+    before = [idle_statements() for _ in range(3)]
+    _execute(engine, f"ALTER TABLE {t} ADD COLUMN extra VARCHAR(20)")
+    run_tick(poller, source, store, sink, owner_id="host-a")  # the tick that re-plans
+    assert before == [1, 1, 1] and [idle_statements() for _ in range(3)] == [1, 1, 1]
