@@ -214,7 +214,7 @@ class SqlSource:
                 if resolved.shape is None or is_transient(exc):
                     raise
                 if attempt:
-                    raise self._still_failing(resolved, exc) from exc
+                    raise self._still_failing(exc) from exc
                 cause = exc
             conn.rollback()  # end the failed statement's transaction before reading the catalog
             self._replan(conn, resolved, cause)
@@ -272,7 +272,7 @@ class SqlSource:
                 change = f"changed the type ({old[name]!r} -> {new[name]!r}) of"
                 raise key_change(self._config.name, str(self._config.table), _ROLES[key], name, change)
 
-    def _still_failing(self, resolved: _Resolved, exc: sa.exc.DBAPIError) -> SchemaChangeError:
+    def _still_failing(self, exc: sa.exc.DBAPIError) -> SchemaChangeError:
         return SchemaChangeError(
             f"poller {self._config.name}: table {self._config.table!r} changed and its read still fails "
             f"({driver_message(exc, self._config.source_url)}): the filter may name a column a migration renamed "

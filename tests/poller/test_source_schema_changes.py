@@ -384,3 +384,16 @@ def test_an_idle_tick_runs_one_statement_on_the_source_before_and_after_a_migrat
     _execute(engine, f"ALTER TABLE {t} ADD COLUMN extra VARCHAR(20)")
     run_tick(poller, source, store, sink, owner_id="host-a")  # the tick that re-plans
     assert before == [1, 1, 1] and [idle_statements() for _ in range(3)] == [1, 1, 1]
+
+
+def test_a_filter_naming_a_renamed_column_is_an_error_naming_the_filter_and_the_runbook(engine: sa.Engine) -> None:
+    # Given a running source whose filter names a column
+    t = _table(engine)
+    source = SqlSource(poller_config(str(engine.url), table=t, filter="payload <> 'hidden'"), engine)
+    with source.pinned():
+        after = drain(source, limit=10)[-1].position
+        # When a migration renames that column
+        _execute(engine, f"ALTER TABLE {t} RENAME COLUMN payload TO note")
+        # Then the fetch, re-planned for the new shape, still fails: the error says the filter may be why
+        with pytest.raises(SchemaChangeError, match=rf"the filter may name a column.*{RUNBOOK}"):
+            source.fetch(after, 100)
