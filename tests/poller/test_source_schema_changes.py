@@ -9,13 +9,16 @@ error naming the column and the runbook, on every fetch, never a page.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from poller import table_shape
 from poller.outbox import OutboxSource
 from poller.ports import SourceRow
 from poller.source import SqlSource
@@ -397,3 +400,15 @@ def test_a_filter_naming_a_renamed_column_is_an_error_naming_the_filter_and_the_
         # Then the fetch, re-planned for the new shape, still fails: the error says the filter may be why
         with pytest.raises(SchemaChangeError, match=rf"the filter may name a column.*{RUNBOOK}"):
             source.fetch(after, 100)
+
+
+def test_the_runbook_the_errors_name_is_a_heading_of_the_operations_guide() -> None:
+    # GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens
+    guide = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+    anchors = {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in guide.read_text().splitlines()
+        if line.startswith("#")
+    }
+    path, _, anchor = table_shape.RUNBOOK.partition("#")
+    assert path == "docs/operations.md" and anchor in anchors
