@@ -141,7 +141,7 @@ class ResultShape:
         if names != [*types, *([extra] if extra else [])]:
             return None
         processors = tuple(
-            None if name in (extra, unprocessed) else types[name]._cached_result_processor(dialect, code)
+            None if name in (extra, unprocessed) else types[name].dialect_impl(dialect).result_processor(dialect, code)
             for name, code in ((d[0], d[1]) for d in description)
         )
         return cls(description_signature(description), processors)

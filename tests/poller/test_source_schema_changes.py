@@ -9,9 +9,11 @@ error naming the column and the runbook, on every fetch, never a page.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -412,3 +414,55 @@ def test_the_runbook_the_errors_name_is_a_heading_of_the_operations_guide() -> N
     }
     path, _, anchor = table_shape.RUNBOOK.partition("#")
     assert path == "docs/operations.md" and anchor in anchors
+
+
+def test_a_select_star_page_decodes_every_type_as_sqlalchemys_typed_select_does(engine: sa.Engine) -> None:
+    # Given a table of many column types (the page selects *, with the reflected types' processors)
+    name = unique_name()
+    table = create(
+        engine,
+        name,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("c", sa.BigInteger, nullable=False),
+        sa.Column("amount", sa.Numeric(12, 3)),
+        sa.Column("ratio", sa.Float),
+        sa.Column("flag", sa.Boolean),
+        sa.Column("day", sa.Date),
+        sa.Column("at", sa.DateTime),
+        sa.Column("blob", sa.LargeBinary),
+        sa.Column("doc", sa.JSON),
+        sa.Column("label", sa.String(30)),
+        rows=[
+            {
+                "id": 1,
+                "c": 1,
+                "amount": Decimal("12.345"),
+                "ratio": 0.5,
+                "flag": True,
+                "day": dt.date(2026, 1, 2),
+                "at": dt.datetime(2026, 1, 2, 3, 4, 5),
+                "blob": b"\x00\x01",
+                "doc": {"a": [1, 2]},
+                "label": "x",
+            },
+            {
+                "id": 2,
+                "c": 2,
+                "amount": None,
+                "ratio": None,
+                "flag": False,
+                "day": None,
+                "at": None,
+                "blob": None,
+                "doc": None,
+                "label": None,
+            },
+        ],
+    )
+    # When the source reads it, Then each value is the one a typed SELECT of the reflected table gives
+    reflected = sa.Table(name, sa.MetaData(), autoload_with=engine)
+    with engine.connect() as conn:
+        typed = [dict(r) for r in conn.execute(sa.select(reflected).order_by(reflected.c.id)).mappings()]
+    rows = drain(SqlSource(poller_config(str(engine.url), table=name), engine), limit=10)
+    assert [dict(r.values) for r in rows] == typed
+    assert typed[0]["amount"] == Decimal("12.345") and table is not None
