@@ -29,7 +29,15 @@ from shared.config import PollerConfig
 from shared.errors import ConfigError, DbFanoutError, FetchError, SourceError
 from shared.scrub import scrub
 
-__all__ = ["db_errors", "dispose_engines", "make_engine", "require_driver", "source_engine"]
+__all__ = [
+    "db_errors",
+    "dispose_engines",
+    "driver_message",
+    "is_transient",
+    "make_engine",
+    "require_driver",
+    "source_engine",
+]
 
 # The DBAPI module a URL's driver imports -> how a user gets it (requirements-drivers.txt lists them).
 _DRIVER_FIX = {
@@ -126,10 +134,8 @@ def db_errors(context: str, url: str) -> Iterator[None]:
     except DbFanoutError:
         raise
     except sa.exc.DBAPIError as exc:
-        text = str(exc.orig).strip()
-        message = _scrub(text.splitlines()[0] if text else repr(exc.orig), url)
-        transient = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or exc.connection_invalidated
-        if transient and not any(h in message.lower() for h in _PROGRAMMING_HINTS):
+        message = driver_message(exc, url)
+        if is_transient(exc):
             raise FetchError(f"{context} failed: {message}") from exc
         raise SourceError(
             f"{context} failed: {message}",
@@ -141,7 +147,20 @@ def db_errors(context: str, url: str) -> Iterator[None]:
         raise SourceError(f"{context}: {_scrub(str(exc), url)}") from exc
 
 
+def driver_message(exc: sa.exc.DBAPIError, url: str) -> str:
+    """The first line of the driver's message, with the password of ``url`` scrubbed."""
+    text = str(exc.orig).strip()
+    return _scrub(text.splitlines()[0] if text else repr(exc.orig), url)
+
+
+def is_transient(exc: sa.exc.DBAPIError) -> bool:
+    """Whether a driver error is the connection or the server (retry) rather than the SQL (fix it)."""
+    transient = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or exc.connection_invalidated
+    first_line = driver_message(exc, "").lower()
+    return transient and not any(h in first_line for h in _PROGRAMMING_HINTS)
+
+
 def _scrub(text: str, url: str) -> str:
     """``text`` with the URL's own password (wherever a driver put it) and any other secret masked."""
-    password = sa.make_url(url).password
+    password = sa.make_url(url).password if url else None
     return scrub(text.replace(str(password), "***") if password else text)

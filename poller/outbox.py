@@ -16,6 +16,12 @@ an order that no late commit can break:
   stays open longer than the window after its outbox insert. (SQLite has one writer at a time:
   ids are handed out in commit order anyway.)
 
+Migrations: an event's ``after`` is the payload the application wrote, so a migration of the
+application's tables shows in events exactly as the application writes it. The outbox table
+itself may gain columns (the keyset read underneath follows the table); a migration that renames
+or drops one of its own columns (:data:`shared.outbox.COLUMNS`) is caught on the first page read
+after it: a ConfigError naming the column, before any row of that page is delivered.
+
 Pruning (``outbox_retention_seconds``): :meth:`OutboxSource.acknowledge`, called after a tick's
 last checkpoint write landed, deletes rows that checkpoint covers and that are older than the
 retention, at most one tick's worth of rows per call, and never the newest row (an
@@ -102,6 +108,7 @@ class OutboxSource:
             name, *(sa.column(c) for c in (*COLUMNS, "txid")), schema=schema or None
         )  # lightweight: only for the statements we build
         self._inner: SqlSource | None = None
+        self._needed = frozenset((*COLUMNS, "txid") if self._horizon else COLUMNS)
 
     # ------------------------------------------------------------------------------ the port
 
@@ -111,6 +118,9 @@ class OutboxSource:
 
     def fetch(self, after: Position | None, limit: int) -> Page:
         page = self._keyset().fetch(after, limit)
+        if page.columns is not None and not self._needed.issubset(page.columns.keys):  # a migration took one
+            with self._db_errors("resolve"), self._engine.connect() as conn:
+                self._check_columns(conn)
         return page.mapped(self._to_change)
 
     def pending_rows(self, after: Position | None, limit: int) -> int:
@@ -270,8 +280,7 @@ class OutboxSource:
             raise ConfigError(
                 key, f"outbox table {self._config.table!r} does not exist in {self._url}", hint=self._ddl_hint()
             ) from None
-        needed = (*COLUMNS, "txid") if self._horizon else COLUMNS
-        missing = [c for c in needed if c not in present]
+        missing = [c for c in (*COLUMNS, "txid") if c in self._needed and c not in present]
         if missing:
             raise ConfigError(
                 key,

@@ -9,6 +9,15 @@ resolves the source (reflects the table, or checks the query's output columns), 
 kind from its first non-NULL value, and builds the two SELECTs (first page; page after a position)
 once, with bind parameters. A table with no cursor values yet returns empty pages until it has one.
 
+Migrations (``ALTER TABLE``): a table's pages select ``*``, and each result's description is
+checked against the shape the plan was made for (:mod:`poller.table_shape`, at no extra query).
+An added, dropped, renamed or retyped column, or a statement that fails because a column it names
+is gone, makes the fetch reflect the table again, re-plan and read again: the page comes in the
+table's new shape in the same tick. A change to the cursor or a key column raises
+:class:`~shared.errors.SchemaChangeError` instead (an operator decision). The fingerprint covers
+the configuration only (url, table/query, cursor, pk, filter...), never the column list, so a
+migration needs no checkpoint reset.
+
 NULL cursors (``null_cursor``): such rows can never be ordered against a checkpoint.
 
 * ``"skip"`` (default): they are excluded (``cursor IS NOT NULL``) and counted; the count is a
@@ -35,7 +44,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlalchemy as sa
 
-from poller.engines import db_errors, source_engine
+from poller.engines import db_errors, driver_message, is_transient, source_engine
 from poller.keyset import (
     CursorKind,
     after_predicate,
@@ -46,8 +55,17 @@ from poller.keyset import (
 )
 from poller.late_commits import mysql_timezone_probe, settle_predicate, xid_horizon
 from poller.ports import KeysetColumns, Page, SourceRow
+from poller.table_shape import (
+    RUNBOOK,
+    ResultShape,
+    TableShape,
+    description_signature,
+    key_change,
+    type_family,
+    value_family,
+)
 from shared.config import PollerConfig
-from shared.errors import ConfigError, CursorError
+from shared.errors import ConfigError, CursorError, FetchError, SchemaChangeError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, Position
@@ -59,6 +77,10 @@ log = get_logger("poller.source")
 
 _RAW_CURSOR = "__dbfanout_cursor"
 _SUBQUERY = "dbfanout_src"
+#: Re-plans one fetch may make when the table changes under it (each after a re-reflection).
+REPLANS_PER_FETCH = 3
+# A needed column's setting -> how an error names its role.
+_ROLES = {"cursor": "cursor", "pk": "pk", "soft_delete_column": "soft-delete", "xid_column": "xid"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +90,29 @@ class _Resolved:
     from_: sa.FromClause
     cursor: sa.ColumnElement[Any]  # as compared (raw text on SQLite)
     pk: tuple[sa.ColumnElement[Any], ...]
-    columns: tuple[sa.ColumnElement[Any], ...]  # what a page selects (typed)
+    columns: tuple[sa.ColumnElement[Any], ...]  # what a page selects (``*``)
     raw_extra: bool  # SQLite: the compared cursor is also selected, raw, as _RAW_CURSOR
     sqlite_declared: str | None
     filter: sa.ColumnElement[bool] | None
+    shape: TableShape | None  # table mode: the columns as reflected (None: a query's are its own)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Plan:
     kind: CursorKind
     first: sa.Select[Any]
     after: sa.Select[Any]
+    family: str  # the cursor values' type family (poller.table_shape.value_family)
+    unprocessed: str | None  # a column read raw (SQLite text timestamps: converted by the kind)
+    result: ResultShape | None = None  # set by the first result read with this plan (table mode)
+
+
+class _ShapeChanged(Exception):
+    """A page's result is not in the shape its plan was made for (internal: the fetch re-plans)."""
+
+    def __init__(self, value: Any = None, *, by_value: bool = False) -> None:
+        super().__init__()
+        self.value, self.by_value = value, by_value
 
 
 class SqlSource:
@@ -109,6 +143,7 @@ class SqlSource:
         )
         self._resolved: _Resolved | None = None
         self._plan: _Plan | None = None
+        self._kind: CursorKind | None = None  # the cursor's kind since the first plan (a change is an error)
         self._index_warning: str | None = None
         self._null_count = 0
         self._null_checked_at: float | None = None
@@ -167,13 +202,83 @@ class SqlSource:
                     conn.close()
 
     def _fetch(self, conn: sa.Connection, after: Position | None, limit: int) -> Page:
-        resolved = self._resolve(conn)
-        plan = self._plan or self._make_plan(conn, resolved)
-        tuples, make_row, columns = (
-            self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row, None)
-        )
+        for attempt in range(REPLANS_PER_FETCH + 1):
+            resolved = self._resolve(conn)
+            try:
+                plan = self._plan or self._make_plan(conn, resolved)
+                fetched = self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row, None)
+                break
+            except _ShapeChanged as changed:
+                cause: sa.exc.DBAPIError | _ShapeChanged = changed
+            except sa.exc.DBAPIError as exc:  # a column the statement names may be gone
+                if resolved.shape is None or is_transient(exc):
+                    raise
+                if attempt:
+                    raise self._still_failing(exc) from exc
+                cause = exc
+            conn.rollback()  # end the failed statement's transaction before reading the catalog
+            self._replan(conn, resolved, cause)
+        else:
+            raise FetchError(
+                f"poller {self._config.name}: the columns of {self._config.table!r} kept changing while it was "
+                f"read ({REPLANS_PER_FETCH} re-plans); the next tick reads it again"
+            )
+        tuples, make_row, columns = fetched
         self._check_nulls(conn, resolved, short=len(tuples) < limit)
         return Page(tuples=tuples, make_row=make_row, columns=columns, skipped_null_cursors=self._null_count)
+
+    def _replan(self, conn: sa.Connection, before: _Resolved, cause: sa.exc.DBAPIError | _ShapeChanged) -> None:
+        """Reflect the table again after ``cause``; the next read is planned for its new shape.
+
+        Raises the statement's own error when the table did not change (bad SQL in ``filter``),
+        and SchemaChangeError when the cursor or a key column is gone or changed its type family.
+        """
+        assert before.shape is not None
+        self._resolved = None
+        try:
+            now = self._resolve(conn, changed=True)
+        except BaseException:
+            self._resolved = before
+            raise
+        assert now.shape is not None
+        if now.shape.same_as(before.shape):
+            if isinstance(cause, sa.exc.DBAPIError):
+                self._resolved = before
+                raise cause
+            if cause.by_value:
+                raise CursorError(
+                    f"cursor column {self._config.cursor!r} (poller {self._config.name}) holds {cause.value!r} "
+                    f"among {self._kind.kind if self._kind else 'other'} values; they cannot be ordered together",
+                    hint="keep one type in the cursor column (SQLite stores what it is given)",
+                )
+        else:
+            try:
+                self._check_key_types(before.shape, now.shape)
+            except SchemaChangeError:
+                self._resolved = before  # every tick says so again, until the operator decides (or reverts)
+                raise
+            log.info(
+                "poller %s: table %s changed (%s); re-planned, reading on",
+                self._config.name, self._config.table, now.shape.changes_since(before.shape),
+                extra=ids(poller=self._config.name),
+            )  # fmt: skip
+        self._plan = None
+
+    def _check_key_types(self, before: TableShape, now: TableShape) -> None:
+        """A cursor or key column may widen (int -> bigint), never change its family (int -> text)."""
+        old, new = before.types(), now.types()
+        for key, name in self._needed()[: 1 + len(self._config.pk)]:
+            if type_family(old[name]) != type_family(new[name]):
+                change = f"changed the type ({old[name]!r} -> {new[name]!r}) of"
+                raise key_change(self._config.name, str(self._config.table), _ROLES[key], name, change)
+
+    def _still_failing(self, exc: sa.exc.DBAPIError) -> SchemaChangeError:
+        return SchemaChangeError(
+            f"poller {self._config.name}: table {self._config.table!r} changed and its read still fails "
+            f"({driver_message(exc, self._config.source_url)}): the filter may name a column a migration renamed "
+            f"or dropped (runbook: {RUNBOOK})",
+            hint="update filter in dbfanout.toml to the table's new columns",
+        )
 
     def acknowledge(self, checkpoint: Checkpoint) -> None:
         """Nothing to do: a table or query keeps no log to trim."""
@@ -237,9 +342,10 @@ class SqlSource:
 
     # ------------------------------------------------------------------------------ resolving
 
-    def _resolve(self, conn: sa.Connection) -> _Resolved:
+    def _resolve(self, conn: sa.Connection, *, changed: bool = False) -> _Resolved:
+        """The source as reflected (once; again after a migration: ``changed``)."""
         if self._resolved is None:
-            self._resolved = self._resolve_table(conn) if self._config.table else self._resolve_query(conn)
+            self._resolved = self._resolve_table(conn, changed) if self._config.table else self._resolve_query(conn)
         return self._resolved
 
     def _needed(self) -> list[tuple[str, str]]:
@@ -249,18 +355,24 @@ class SqlSource:
                                        ("xid_column", cfg.xid_column)) if v]  # fmt: skip
         return needed
 
-    def _check_columns(self, present: list[str], where: str) -> None:
+    def _check_columns(self, present: list[str], where: str, *, changed: bool = False) -> None:
+        """Each needed column is in ``present``: else a ConfigError, or SchemaChangeError when ``changed``
+        (a migration renamed or dropped it under a running poller)."""
         for key, name in self._needed():
-            if name not in present:
-                near = [p for p in present if p.lower() == name.lower()]
-                hint = f"did you mean {near[0]!r}? (names are case-sensitive)" if near else None
-                raise ConfigError(
-                    f"{self._key}.{key}",
-                    f"column {name!r} is not in {where} (it has: {', '.join(present)})",
-                    hint=hint,
-                )
+            if name in present:
+                continue
+            if changed:
+                raise key_change(self._config.name, str(self._config.table), _ROLES[key], name, "renamed or dropped")
+            near = [p for p in present if p.lower() == name.lower()]
+            hint = f"did you mean {near[0]!r}? (names are case-sensitive)" if near else None
+            migrated = f"; if a migration renamed or dropped it: {RUNBOOK}" if self._config.table else ""
+            raise ConfigError(
+                f"{self._key}.{key}",
+                f"column {name!r} is not in {where} (it has: {', '.join(present)}){migrated}",
+                hint=hint,
+            )
 
-    def _resolve_table(self, conn: sa.Connection) -> _Resolved:
+    def _resolve_table(self, conn: sa.Connection, changed: bool = False) -> _Resolved:
         assert self._config.table is not None
         schema, _, name = self._config.table.rpartition(".")
         try:
@@ -271,7 +383,7 @@ class SqlSource:
             raise ConfigError(
                 f"{self._key}.table", f"table {self._config.table!r} does not exist in {self._url}"
             ) from None
-        self._check_columns([c.name for c in table.columns], f"table {self._config.table!r}")
+        self._check_columns([c.name for c in table.columns], f"table {self._config.table!r}", changed=changed)
         self._index_warning = index_gap(conn, table, list(dict.fromkeys([self._config.cursor, *self._config.pk])))
         if self._index_warning:
             log.warning(self._index_warning, extra=ids(poller=self._config.name))
@@ -283,10 +395,11 @@ class SqlSource:
             from_=table,
             cursor=cursor,
             pk=tuple(table.c[p] for p in self._config.pk),
-            columns=tuple(table.columns),
+            columns=(sa.literal_column("*"),),  # the table's columns at each read: a migration shows at once
             raw_extra=sqlite,
             sqlite_declared=sqlite_declared_kind(column.type) if sqlite else None,
             filter=self._filter(),
+            shape=TableShape.of(table),
         )
 
     def _resolve_query(self, conn: sa.Connection) -> _Resolved:
@@ -304,6 +417,7 @@ class SqlSource:
             raw_extra=False,
             sqlite_declared=None,
             filter=self._filter(),
+            shape=None,
         )
 
     def _filter(self) -> sa.ColumnElement[bool] | None:
@@ -317,6 +431,11 @@ class SqlSource:
         if sample is None:
             return None  # no cursor values yet: nothing to order
         kind = classify(sample, self._config.cursor, sqlite_declared=r.sqlite_declared, tz=self._tz)
+        if self._kind is not None and kind.kind != self._kind.kind:
+            change = f"changed the values ({self._kind.kind} -> {kind.kind}) of"
+            where = str(self._config.table or "query")
+            raise key_change(self._config.name, where, "cursor", self._config.cursor, change)
+        self._kind = kind
         self._check_server_timezone(conn, kind)
         self._warn_kind(kind)
         cfg = self._config
@@ -332,14 +451,17 @@ class SqlSource:
         params = [sa.bindparam(f"k{i}", type_=k.type) for i, k in enumerate(keys)]
         seek = after_predicate(keys, params, predicate_style(self._dialect))
         columns = r.columns
+        unprocessed = None
         if r.raw_extra:  # the compared (raw) cursor rides along; a text timestamp is not parsed twice
-            text = kind.kind in ("text_datetime", "text_date")
-            columns = (*(c for c in columns if not (text and c is r.from_.c[cfg.cursor])), r.cursor.label(_RAW_CURSOR))
+            columns = (*columns, r.cursor.label(_RAW_CURSOR))
+            unprocessed = cfg.cursor if kind.kind in ("text_datetime", "text_date") else None
         select = sa.select(*columns).select_from(r.from_).order_by(*keys).limit(sa.bindparam("dbf_limit"))
         self._plan = _Plan(
             kind=kind,
             first=select.where(r.cursor.is_not(None), *base),
             after=select.where(seek, *base),
+            family=value_family(sample),
+            unprocessed=unprocessed,
         )
         return self._plan
 
@@ -396,8 +518,13 @@ class SqlSource:
         else:
             result = conn.execute(plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)})
         keys = list(result.keys())
-        tuples = fetch_tuples(result)  # one fetchall: per-row fetchone costs as much as the query
+        processors = self._result_shape(result, r, plan).processors if r.shape is not None else None
+        tuples = fetch_tuples(result, processors)  # one fetchall: per-row fetchone costs as much as the query
         raw_extra = r.raw_extra
+        if tuples and r.shape is not None:  # SQLite describes no types: a retyped cursor shows in its values
+            raw = tuples[-1][keys.index(_RAW_CURSOR if raw_extra else cfg.cursor)]
+            if raw is not None and value_family(raw) != plan.family:
+                raise _ShapeChanged(raw, by_value=True)
         # The event carries the typed value; the position keeps what the database compares.
         convert = plan.kind.converter(cfg.cursor) if plan.kind.kind in ("naive", "text_datetime", "text_date") else None
         columns = KeysetColumns(
@@ -407,6 +534,23 @@ class SqlSource:
             at = keys.index(_RAW_CURSOR if raw_extra else cfg.cursor)
             self._check_text_format((tuples[0][at], tuples[len(tuples) // 2][at], tuples[-1][at]), plan.kind.sep)
         return tuples, columns.row_builder(), columns
+
+    def _result_shape(self, result: sa.CursorResult[Any], r: _Resolved, plan: _Plan) -> ResultShape:
+        """The processors of a table page's result; _ShapeChanged when its columns are not the plan's."""
+        assert r.shape is not None
+        description = result.cursor.description
+        if plan.result is None:  # the plan's first read: the result must have the reflected columns
+            plan.result = ResultShape.accept(
+                description,
+                r.shape.types(),
+                self._engine.dialect,
+                extra=_RAW_CURSOR if r.raw_extra else None,
+                unprocessed=plan.unprocessed,
+            )
+        if plan.result is None or description_signature(description) != plan.result.signature:
+            result.close()
+            raise _ShapeChanged
+        return plan.result
 
     def _check_text_format(self, raws: Iterable[Any], sep: str) -> None:
         """Sampled (first, middle, last of each page): a mixed format shows up within a few pages."""
@@ -478,18 +622,22 @@ def _zone(name: str | None, key: str) -> ZoneInfo | None:
         raise ConfigError(key, f"unknown time zone {name!r}", hint='use an IANA name such as "UTC"') from exc
 
 
-def fetch_tuples(result: sa.CursorResult[Any]) -> Sequence[Any]:
+def fetch_tuples(
+    result: sa.CursorResult[Any], processors: Sequence[Callable[[Any], Any] | None] | None = None
+) -> Sequence[Any]:
     """Every row of ``result`` as a plain tuple, with the values SQLAlchemy would give.
 
     SQLAlchemy's ``Row`` objects cost about 1 µs a row to build (more than the rest of a page's
     fetch). So the driver's own ``fetchall`` is read and the result's type processors (e.g. SQLite
     NUMERIC → Decimal) are applied column by column, which gives the same values
     (tests/poller/test_fetch_tuples.py). A result whose internals are not the expected ones is
-    read with ``all()``.
+    read with ``all()``. ``processors``: one per column, instead of the result's own (a ``SELECT *``
+    has none: :class:`~poller.table_shape.ResultShape` gives the reflected types' ones).
     """
-    processors = getattr(getattr(result, "_metadata", None), "_processors", None)
+    if processors is None:
+        processors = getattr(getattr(result, "_metadata", None), "_processors", None)
     cursor = getattr(result, "cursor", None)
-    if not isinstance(processors, list) or cursor is None:
+    if not isinstance(processors, list | tuple) or cursor is None:
         return result.all()
     try:
         rows: list[Any] = cursor.fetchall()

@@ -9,7 +9,8 @@ the operations guide) they belong to.
     ├── SourceError                 the database side
     │   ├── FetchError              the query failed (database down, SQL error)
     │   ├── CursorError             a cursor value we cannot order by (naive, NULL, wrong type)
-    │   └── PositionLostError       the source's log no longer holds the changes after the checkpoint
+    │   ├── PositionLostError       the source's log no longer holds the changes after the checkpoint
+    │   └── SchemaChangeError       a migration changed the cursor or a key column (an operator decision)
     ├── SerializationError          a value, state blob or message we cannot encode/decode
     │   ├── StateFormatError        corrupt or unknown-version state blob
     │   └── EnvelopeError           malformed or foreign Service Bus message body
@@ -47,6 +48,7 @@ __all__ = [
     "OversizeRowError",
     "PositionLostError",
     "RefusalReason",
+    "SchemaChangeError",
     "SerializationError",
     "SourceError",
     "StateError",
@@ -113,6 +115,17 @@ class PositionLostError(SourceError):
     """
 
     hint = "run `dbfanout validate --fix`: it replaces the lost position and requests a snapshot (docs/operations.md)"
+
+
+class SchemaChangeError(SourceError):
+    """Raised when a migration renamed, dropped or retyped a column the checkpoint depends on.
+
+    The cursor and key columns are what a checkpoint holds: which column takes their place, and
+    whether the stored position still means the same thing, is the operator's decision. Other
+    columns follow the table by themselves.
+    """
+
+    hint = "follow the runbook in docs/operations.md#schema-changes-migrations"
 
 
 class SerializationError(DbFanoutError):

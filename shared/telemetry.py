@@ -151,6 +151,7 @@ def _build() -> Metrics:
             unit="{send}",
             description="sends the broker refused (attribute reason: queue_full, throttled, unreachable); "
             "ticks inside the backoff window send nothing and count nothing",
+        ),
         snapshot_chunks_refused=meter.create_counter(
             "dbfanout.snapshot_chunks_refused",
             unit="{chunk}",

@@ -121,8 +121,8 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
         if isinstance(source, PgLogicalSource):
             out["source"] = _slot_source(source, cfg, position)
             return out
+        page = source.fetch(position, PENDING_LIMIT)  # first: its errors name what a migration changed
         newest = _newest_cursor(cfg)
-        page = source.fetch(position, PENDING_LIMIT)
         out["source"] = {
             "newest_cursor": encode_value(newest)[0] if newest is not None else None,
             "pending_rows": len(page.rows) if len(page.rows) < PENDING_LIMIT else f">={PENDING_LIMIT}",
