@@ -33,9 +33,9 @@ import bisect
 import datetime as dt
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -615,13 +615,14 @@ class PgLogicalSource:
         decoder = Decoder(_loader(conn), skip_through=after)
         changes: list[Change] = []
         read, stopped = 0, False
-        for data in _stream(conn, _PEEK_SQL, {"slot": self._slot, "n": n, "pub": self._publication}):
-            read += 1
-            changes.extend(c for c in decoder.feed(data) if self._wanted(c))
-            if len(changes) + decoder.pending >= keep:
-                stopped = True
-                changes.extend(c for c in decoder.partial() if self._wanted(c))
-                break
+        with closing(_stream(conn, _PEEK_SQL, {"slot": self._slot, "n": n, "pub": self._publication})) as rows:
+            for data in rows:
+                read += 1
+                changes.extend(c for c in decoder.feed(data) if self._wanted(c))
+                if len(changes) + decoder.pending >= keep:
+                    stopped = True
+                    changes.extend(c for c in decoder.partial() if self._wanted(c))
+                    break
         return _Buffer(changes, [c.key for c in changes], not stopped and read < n, flushed, read)
 
     def _wanted(self, change: Change) -> bool:
@@ -746,13 +747,15 @@ def _listed(rel: Relation, tables: Sequence[str]) -> bool:
     return any(t == rel.qualified or (t == rel.name and rel.schema == "public") for t in tables)
 
 
-def _stream(conn: sa.Connection, query: str, params: dict[str, Any]) -> Iterator[bytes]:
+def _stream(conn: sa.Connection, query: str, params: dict[str, Any]) -> Generator[bytes, None, None]:
     """The first column of each row of ``query``, streamed by the driver itself (psycopg 3).
 
     One round trip, rows read off the socket in parts of :data:`_STREAM_ROWS` (single rows with a
     libpq older than 17), not held whole: SQLAlchemy's ``stream_results`` would declare a server
     cursor (three more round trips, a peek's largest cost). Stopping early cancels the rest.
     Runs in the transaction ``conn`` has begun; driver errors reach the caller as SQLAlchemy's.
+    A stop that cancelled the statement may have aborted that transaction (a race with the
+    server's end of the query): it is rolled back then, so the connection's next statement runs.
     """
     import psycopg  # an optional driver: see _loader
 
@@ -769,6 +772,8 @@ def _stream(conn: sa.Connection, query: str, params: dict[str, Any]) -> Iterator
         raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error, connection_invalidated=broken) from exc
     finally:
         cursor.close()
+        if not driver.broken and driver.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            conn.rollback()  # "current transaction is aborted" otherwise, on every tick (issue 33)
 
 
 def _loader(conn: sa.Connection) -> Any:
