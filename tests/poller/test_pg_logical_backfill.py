@@ -9,16 +9,32 @@ the default cap): a cancelled peek aborted the transaction the next statement ra
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import json
+import signal
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from poller.pg_logical import PgLogicalSource
+from poller.state_blob import open_state_store
 from poller.state_memory import MemoryStateStore
-from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config
+from shared.codec import decode_batch
+from shared.config import PollerConfig
+from shared.settings import StorageConnection
+from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config, summary
 from tests.poller.tick_support import RecordingSink, drain
+from tests.support.azurite import Azurite
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: 40,000 rows of 500 bytes: a peek stopped at the default cap leaves ~10 MB unsent, so its
 #: cancel reaches the server while the statement still runs (60,000 narrow rows raced on main).
@@ -49,3 +65,100 @@ def test_a_fresh_source_whose_first_change_is_a_huge_transaction_delivers_it(log
     # Then every row arrives, once each by event id
     events = events_of(sink.accepted)
     assert sorted(e.pk["id"] for e in events) == list(range(1, WIDE_ROWS + 1))
+
+
+def _decoded(table: LogicalTable) -> tuple[int, int]:
+    """Transactions the server decoded for the slot so far, and their bytes (pg_stat_replication_slots)."""
+    with table.engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT total_txns, total_bytes FROM pg_stat_replication_slots WHERE slot_name = :s"),
+            {"s": table.config.slot},
+        ).first()
+    return (int(row[0]), int(row[1])) if row is not None else (0, 0)
+
+
+def _drain_all(config: PollerConfig, source: PgLogicalSource, store: MemoryStateStore, sink: RecordingSink,
+               rows: int) -> None:  # fmt: skip
+    """Ticks until ``rows`` events arrived (a tick ends where a spooled transaction does)."""
+    for _ in range(50):
+        drain(config, source, store, sink, max_ticks=50)
+        if len(events_of(sink.accepted)) >= rows:
+            return
+    raise AssertionError(f"{len(events_of(sink.accepted))} of {rows} events arrived")
+
+
+def test_huge_transactions_between_small_ones_are_decoded_once_each_and_arrive_in_order(
+    logical: LogicalTable,
+) -> None:
+    # Given small transactions around two transactions far larger than a peek's cap
+    for i in (1, 2, 3):
+        logical.insert([i], "small")
+    logical.sql("INSERT INTO {t} (id, v, n) SELECT g, 'big', 0 FROM generate_series(100, 5099) g")
+    logical.insert([4], "small")
+    logical.sql("UPDATE {t} SET v = 'bigger' WHERE id >= 100")
+    logical.insert([5], "small")
+    expected = [("insert", i, "small") for i in (1, 2, 3)] + [("insert", i, "big") for i in range(100, 5100)]
+    expected += [("insert", 4, "small")] + [("update", i, "bigger") for i in range(100, 5100)]
+    expected += [("insert", 5, "small")]
+    config = poller_config(logical.url, logical.name, batch_size=300, max_batches_per_tick=5)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    source = PgLogicalSource(config)
+    source.MAX_DECODED = 1000  # a peek decodes 1000 changes at most: each big one is 5x that
+    decoded_before = _decoded(logical)[0]
+    try:
+        # When the poller drains, page by page over several ticks
+        _drain_all(config, source, store, sink, len(expected))
+    finally:
+        source.close()
+    # Then every change arrives once, in commit order
+    assert summary(events_of(sink.accepted)) == expected
+    # and the server decoded each of the seven transactions once (main: the big ones 5+ times each)
+    assert _decoded(logical)[0] - decoded_before == 7
+
+
+def test_a_backfill_killed_mid_transaction_resumes_from_its_checkpoint_without_loss(
+    logical: LogicalTable, azurite: Azurite, tmp_path: Path
+) -> None:
+    # Given a transaction of 4,000 rows between small ones, a cap of 500 (it is spooled), pages
+    # of 200 and each commit landed before the next send
+    logical.insert([1, 2], "small")
+    logical.sql("INSERT INTO {t} (id, v, n) SELECT g, 'big', 0 FROM generate_series(100, 4099) g")
+    logical.insert([3], "small")
+    expected = [("insert", i, "small") for i in (1, 2)] + [("insert", i, "big") for i in range(100, 4100)]
+    expected += [("insert", 3, "small")]
+    logical.config = dataclasses.replace(
+        logical.config, batch_size=200, max_batches_per_tick=20, max_uncommitted_batches=1
+    )
+    container, out = f"t-{uuid.uuid4().hex[:20]}", tmp_path / "queue.jsonl"
+    # When a tick process is SIGKILLed right after its 8th page was accepted (7 landed: mid-transaction)
+    args = [json.dumps(dataclasses.asdict(logical.config)), azurite.connection_string, container, str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.poller.pg_logical_killed_tick", *args, "send:8", "500"],
+        cwd=ROOT, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    killed = [decode_batch(line) for line in out.read_bytes().splitlines() if line]
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=logical.config.lease_ttl_seconds * 3)
+    store = open_state_store(
+        StorageConnection(connection_string=azurite.connection_string), container, "t", logical.config.name,
+        clock=lambda: later,
+    )  # fmt: skip
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    landed = snap.doc.checkpoint.position
+    assert 0 < int(landed.pk["seq"]) < 3999  # the checkpoint is inside the big transaction
+    # and a fresh process drains on from that checkpoint (its own spool, read from the slot)
+    sink = RecordingSink()
+    source = PgLogicalSource(logical.config)
+    source.MAX_DECODED = 500
+    try:
+        for _ in range(20):
+            drain(logical.config, source, store, sink, owner_id="next", clock=lambda: later)
+            if len(events_of([*killed, *sink.accepted])) >= len(expected):
+                break
+    finally:
+        source.close()
+    # Then every change arrived, in commit order, once after de-duplication, and nothing at or
+    # before the landed checkpoint was sent again
+    assert summary(events_of([*killed, *sink.accepted])) == expected
+    assert sink.accepted[0].events[0].pk == {"id": 100 + int(landed.pk["seq"]) + 1}
