@@ -104,13 +104,17 @@ class Sampler(threading.Thread):
 
 def slot_stats(engine: sa.Engine, slot: str) -> dict[str, Any]:
     with engine.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                "SELECT total_txns, total_bytes, spill_txns, spill_bytes, stream_bytes"
-                " FROM pg_stat_replication_slots WHERE slot_name = :s"
-            ),
-            {"s": slot},
-        ).mappings().first()
+        row = (
+            conn.execute(
+                sa.text(
+                    "SELECT total_txns, total_bytes, spill_txns, spill_bytes, stream_bytes"
+                    " FROM pg_stat_replication_slots WHERE slot_name = :s"
+                ),
+                {"s": slot},
+            )
+            .mappings()
+            .first()
+        )
     return dict(row) if row else {}
 
 
@@ -128,9 +132,11 @@ def run(rows: int) -> dict[str, Any]:
         sep = "&" if "?" in PG_URL else "?"
         config = replace(table.config, source_url=f"{PG_URL}{sep}application_name={app}", batch_size=1000,
                          max_batches_per_tick=20, lease_ttl_seconds=600)  # fmt: skip
-        before = slot_stats(table.engine, table.config.slot)
+        slot = table.config.slot
+        assert slot is not None
+        before = slot_stats(table.engine, slot)
         source, store, sink = PgLogicalSource(config), MemoryStateStore(config.name), CountingSink(rows)
-        sampler = Sampler(table.engine, app, table.config.slot)
+        sampler = Sampler(table.engine, app, slot)
         sampler.start()
         ticks = 0
         started = time.perf_counter()
@@ -141,7 +147,7 @@ def run(rows: int) -> dict[str, Any]:
         sampler.stop.set()
         sampler.join()
         source.close()
-        after = slot_stats(table.engine, table.config.slot)
+        after = slot_stats(table.engine, slot)
         delta = {k: int(after.get(k) or 0) - int(before.get(k) or 0) for k in after}
         return {
             "rows": rows,
