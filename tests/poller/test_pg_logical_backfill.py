@@ -31,6 +31,7 @@ from shared.settings import StorageConnection
 from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config, summary
 from tests.poller.tick_support import RecordingSink, drain
 from tests.support.azurite import Azurite
+from tests.support.databases import unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +46,26 @@ WIDE_ROWS, WIDTH = 40_000, 500
 def logical(pg_logical_url: str) -> Iterator[LogicalTable]:
     with logical_table(pg_logical_url) as table:
         yield table
+
+
+@pytest.fixture
+def own_database(pg_logical_url: str) -> Iterator[LogicalTable]:
+    """A table in a database of its own: a slot decodes only its database's transactions, so the
+    server's decoding statistics count this test's alone (the server is shared)."""
+    name = unique_name("bf")
+    admin = sa.create_engine(pg_logical_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"CREATE DATABASE {name}"))
+        url = sa.make_url(pg_logical_url).set(database=name).render_as_string(hide_password=False)
+        try:
+            with logical_table(url) as table:
+                yield table
+        finally:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    finally:
+        admin.dispose()
 
 
 def _one_transaction(table: LogicalTable, rows: int, width: int = 1) -> None:
@@ -88,8 +109,9 @@ def _drain_all(config: PollerConfig, source: PgLogicalSource, store: MemoryState
 
 
 def test_huge_transactions_between_small_ones_are_decoded_once_each_and_arrive_in_order(
-    logical: LogicalTable,
+    own_database: LogicalTable,
 ) -> None:
+    logical = own_database
     # Given small transactions around two transactions far larger than a peek's cap
     for i in (1, 2, 3):
         logical.insert([i], "small")
