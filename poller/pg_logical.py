@@ -288,13 +288,14 @@ class PgLogicalSource:
         target = self._hints.pop(key, Lsn(key[0]))  # unknown: its commit LSN (its transaction stays)
         self._hints.clear()  # the others are behind this landed checkpoint (or were never sent)
         spool = self._spool
-        if spool is not None and spool.end_lsn is not None and key == spool.last_key:
+        passed = spool is not None and spool.passed_by(key)
+        if passed and spool is not None and spool.end_lsn is not None:
             target = Lsn(max(target, spool.end_lsn))  # the spooled transaction was delivered whole
         try:
             with self._connection("acknowledge") as conn:
                 conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
                 conn.commit()
-                if spool is not None and spool.last_key is not None and key >= spool.last_key:
+                if passed and spool is self._spool:
                     self._drop_spool()  # the slot is past it: the next peek starts after it
                 retained = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
                 conn.rollback()
@@ -425,8 +426,8 @@ class PgLogicalSource:
             n = max(_MIN_PEEK, (buffer.messages if buffer else 0) + _MESSAGES_PER_CHANGE * limit * _PAGES_PER_PEEK)
             while True:
                 buffer = self._peek(conn, n, after, max(limit, self.MAX_DECODED), flushed)
-                if buffer.exhausted or len(buffer.changes) >= limit:
-                    break
+                if buffer.exhausted or len(buffer.changes) >= limit or self._spool is not None:
+                    break  # (a spool: the next round reads on from it, not from the slot)
                 n *= _PAGES_PER_PEEK
                 flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())
             if getattr(self._local, "pinning", False):
@@ -703,6 +704,8 @@ class PgLogicalSource:
         for c in changes:
             if c.commit_lsn == last[0]:
                 c.end_lsn, c.last_in_txn = spool.end_lsn, c.key == last
+        if changes and changes[-1].key == last:  # the peek stopped at its last change
+            spool.ours_until = last
         self._drop_spool()
         self._spool = spool
         log.info("poller %s: a transaction of %d+ changes at %s is read once into a local spool (%d bytes); "
@@ -719,17 +722,20 @@ class PgLogicalSource:
         spool = self._spool
         if spool is None:
             return None
+        if spool.delivered_by(after) and spool.end_lsn is not None:
+            return _Buffer([], [], True, spool.end_lsn, 0)  # "read to its end": see _hint
         if spool.covers(after):
-            keep, changes = max(limit, self.MAX_DECODED), []
+            keep, changes, end = max(limit, self.MAX_DECODED), [], False
             with closing(spool.changes(after, _loader(conn))) as found:
                 for c in found:
+                    end = c.key == spool.last_key
                     if self._wanted(c):
                         changes.append(c)
                         if len(changes) >= keep:
                             break
+            if end:  # a checkpoint here covers all of it that is ours (its tail may not be)
+                spool.ours_until = changes[-1].key if changes else after
             return _Buffer(changes, [c.key for c in changes], False, Lsn(0), 0)
-        if after is not None and after == spool.last_key and spool.end_lsn is not None:
-            return _Buffer([], [], True, spool.end_lsn, 0)  # "read to its end": see _hint
         self._drop_spool()  # passed (another process delivered it): read the slot again
         return None
 

@@ -75,6 +75,9 @@ class Spool:
         self.changes_written = 0
         self.last_key: tuple[int, int] | None = None  # the last change's key, once finished
         self.end_lsn: Lsn | None = None  # past the last transaction's Commit, once finished
+        # The poller's last change in it, once a read reached its end (the position past it if
+        # none): a checkpoint there covers all of it the poller delivers.
+        self.ours_until: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------------------ writing
 
@@ -129,6 +132,16 @@ class Spool:
     def covers(self, after: tuple[int, int] | None) -> bool:
         """Whether the changes after ``after`` start in this spool (its last change not yet passed)."""
         return self.last_key is not None and (after is None or after < self.last_key)
+
+    def delivered_by(self, after: tuple[int, int] | None) -> bool:
+        """Whether a fetch after ``after`` has nothing left of the poller's in it (but has not passed it)."""
+        done, last = self.ours_until, self.last_key
+        return done is not None and last is not None and after is not None and done <= after <= last
+
+    def passed_by(self, checkpoint: tuple[int, int]) -> bool:
+        """Whether a landed checkpoint at ``checkpoint`` covers all of it (the slot may go past its end)."""
+        done, last = self.ours_until, self.last_key
+        return (done is not None and checkpoint >= done) or (last is not None and checkpoint >= last)
 
     def changes(self, after: tuple[int, int] | None, load: Loader) -> Generator[Change, None, None]:
         """The changes after ``after``, in log order, each with its transaction's end LSN (and the

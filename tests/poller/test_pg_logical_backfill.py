@@ -184,3 +184,28 @@ def test_a_backfill_killed_mid_transaction_resumes_from_its_checkpoint_without_l
     # before the landed checkpoint was sent again
     assert summary(events_of([*killed, *sink.accepted])) == expected
     assert sink.accepted[0].events[0].pk == {"id": 100 + int(landed.pk["seq"]) + 1}
+
+
+def test_a_huge_transaction_whose_tail_is_not_the_pollers_is_passed(logical: LogicalTable) -> None:
+    # Given one transaction: 3,000 rows of the poller's table, then 2,000 changes it does not
+    # deliver (another poller's signal row, in the same publication), then a small transaction
+    signal = logical.config.signal_table
+    logical.sql(
+        "INSERT INTO {t} (id, v, n) SELECT g, 'big', 0 FROM generate_series(1, 3000) g",
+        f"INSERT INTO {signal} (poller, kind, id) VALUES ('another', 'watermark', '0')",
+        f"DO $$ BEGIN FOR i IN 1..2000 LOOP UPDATE {signal} SET id = i::text WHERE poller = 'another';"
+        " END LOOP; END $$",
+    )
+    logical.insert([5000], "after")
+    config = poller_config(logical.url, logical.name, batch_size=300, max_batches_per_tick=5)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    source = PgLogicalSource(config)
+    source.MAX_DECODED = 1000
+    try:
+        # When the poller drains
+        _drain_all(config, source, store, sink, 3001)
+    finally:
+        source.close()
+    # Then its rows arrive, and the change after the transaction too (the tail did not stall it)
+    expected = [("insert", i, "big") for i in range(1, 3001)] + [("insert", 5000, "after")]
+    assert summary(events_of(sink.accepted)) == expected
