@@ -9,11 +9,12 @@ arrived (batch_size 1000, max_batches_per_tick 20, as the issue measured), with 
 builds every event and an in-memory state store (the broker and the blob store are not what is
 measured). One run per process: the peak RSS is this run's.
 
-Printed: events/s (the commit is done before the clock starts), the PostgreSQL CPU of the
-poller's own backends (utime + stime from /proc, sampled: the server is shared, so not the
-whole server's), the slot's decoding statistics (``pg_stat_replication_slots``: transactions
-and bytes decoded, bytes spilled to disk and streamed), the host's peak RSS and the WAL the slot
-retained at most while the transaction drained. ``--code DIR`` puts DIR first on sys.path (e.g.
+Printed: events/s (the commit is done before the clock starts), when the first page was sent,
+the PostgreSQL CPU of the poller's own backends (utime + stime from /proc, sampled: the server is
+shared, so not the whole server's), the slot's decoding statistics (``pg_stat_replication_slots``:
+transactions and bytes decoded, bytes spilled to disk and streamed; the transactions include
+other sessions' in the same database), the host's peak RSS and the WAL the slot retained at most
+while the transaction drained. ``--code DIR`` puts DIR first on sys.path (e.g.
 an export of main's poller/ and shared/ for the before figure).
 """
 
@@ -54,8 +55,11 @@ class CountingSink:
         self.seen = bytearray(rows + 1)
         self.distinct = 0
         self.events = 0
+        self.first: float | None = None  # perf_counter at the first batch
 
     def send(self, batch: Batch) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
         for event in batch.events:
             self.events += 1
             i = int(event.pk["id"])
@@ -152,6 +156,7 @@ def run(rows: int) -> dict[str, Any]:
         return {
             "rows": rows,
             "seconds": seconds,
+            "first_s": (sink.first or started) - started,
             "events/s": rows / seconds,
             "ticks": ticks,
             "events": sink.events,
@@ -177,11 +182,14 @@ def main() -> None:
         sys.exit(f"cannot run: {reason}")
     r = run(args.rows)
     load = Path("/proc/loadavg").read_text().split()[:3]
-    print("| rows | events/s | seconds | server CPU s | decoded txns | decoded MiB | spilled MiB | streamed MiB "
-          "| peak RSS MiB | retained WAL MiB | load |")  # fmt: skip
-    print(f"| {r['rows']:,} | {r['events/s']:,.0f} | {r['seconds']:.1f} | {r['server_cpu_s']:.1f} "
-          f"| {r['decoded_txns']} | {r['decoded_mib']:,.0f} | {r['spilled_mib']:,.0f} | {r['streamed_mib']:,.0f} "
-          f"| {r['peak_rss_mib']:.0f} | {r['retained_wal_mib']:,.0f} | {' '.join(load)} |")  # fmt: skip
+    head = ["rows", "events/s", "seconds", "first page s", "server CPU s", "decoded txns", "decoded MiB",
+            "spilled MiB", "streamed MiB", "peak RSS MiB", "retained WAL MiB", "load"]  # fmt: skip
+    cells = [f"{r['rows']:,}", f"{r['events/s']:,.0f}", f"{r['seconds']:.1f}", f"{r['first_s']:.1f}",
+             f"{r['server_cpu_s']:.1f}", str(r["decoded_txns"]), f"{r['decoded_mib']:,.0f}",
+             f"{r['spilled_mib']:,.0f}", f"{r['streamed_mib']:,.0f}", f"{r['peak_rss_mib']:.0f}",
+             f"{r['retained_wal_mib']:,.0f}", " ".join(load)]  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("| " + " | ".join(cells) + " |")
     print(f"events sent {r['events']:,} (distinct {r['rows']:,}), ticks {r['ticks']}")
 
 
