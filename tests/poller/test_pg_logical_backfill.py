@@ -28,12 +28,16 @@ from poller.state_memory import MemoryStateStore
 from shared.codec import decode_batch
 from shared.config import PollerConfig
 from shared.settings import StorageConnection
+from tests.conftest import FULL
 from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config, summary
 from tests.poller.tick_support import RecordingSink, drain
 from tests.support.azurite import Azurite
 from tests.support.databases import unique_name
 
 pytestmark = pytest.mark.integration
+
+#: The killed backfill: rows of its transaction, the peek's cap, batch_size, the page killed after.
+KILLED = (200_000, PgLogicalSource.MAX_DECODED, 1000, 60) if FULL else (4000, 500, 200, 8)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,22 +145,23 @@ def test_huge_transactions_between_small_ones_are_decoded_once_each_and_arrive_i
 def test_a_backfill_killed_mid_transaction_resumes_from_its_checkpoint_without_loss(
     logical: LogicalTable, azurite: Azurite, tmp_path: Path
 ) -> None:
-    # Given a transaction of 4,000 rows between small ones, a cap of 500 (it is spooled), pages
-    # of 200 and each commit landed before the next send
+    # Given a transaction of BIG rows between small ones, larger than the cap (it is spooled),
+    # and each page's commit landed before the next send
+    big, cap, batch, kill = KILLED
     logical.insert([1, 2], "small")
-    logical.sql("INSERT INTO {t} (id, v, n) SELECT g, 'big', 0 FROM generate_series(100, 4099) g")
+    logical.sql(f"INSERT INTO {{t}} (id, v, n) SELECT g, 'big', 0 FROM generate_series(100, {99 + big}) g")
     logical.insert([3], "small")
-    expected = [("insert", i, "small") for i in (1, 2)] + [("insert", i, "big") for i in range(100, 4100)]
+    expected = [("insert", i, "small") for i in (1, 2)] + [("insert", i, "big") for i in range(100, 100 + big)]
     expected += [("insert", 3, "small")]
     logical.config = dataclasses.replace(
-        logical.config, batch_size=200, max_batches_per_tick=20, max_uncommitted_batches=1
+        logical.config, batch_size=batch, max_batches_per_tick=1000, max_uncommitted_batches=1
     )
     container, out = f"t-{uuid.uuid4().hex[:20]}", tmp_path / "queue.jsonl"
-    # When a tick process is SIGKILLed right after its 8th page was accepted (7 landed: mid-transaction)
+    # When a tick process is SIGKILLed right after a page was accepted (the ones before landed: mid-transaction)
     args = [json.dumps(dataclasses.asdict(logical.config)), azurite.connection_string, container, str(out)]
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.poller.pg_logical_killed_tick", *args, "send:8", "500"],
-        cwd=ROOT, capture_output=True, timeout=120,
+        [sys.executable, "-m", "tests.poller.pg_logical_killed_tick", *args, f"send:{kill}", str(cap)],
+        cwd=ROOT, capture_output=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     killed = [decode_batch(line) for line in out.read_bytes().splitlines() if line]
@@ -168,11 +173,11 @@ def test_a_backfill_killed_mid_transaction_resumes_from_its_checkpoint_without_l
     snap = store.load()
     assert snap is not None and snap.doc.checkpoint.position is not None
     landed = snap.doc.checkpoint.position
-    assert 0 < int(landed.pk["seq"]) < 3999  # the checkpoint is inside the big transaction
+    assert 0 < int(landed.pk["seq"]) < big - 1  # the checkpoint is inside the big transaction
     # and a fresh process drains on from that checkpoint (its own spool, read from the slot)
     sink = RecordingSink()
     source = PgLogicalSource(logical.config)
-    source.MAX_DECODED = 500
+    source.MAX_DECODED = cap
     try:
         for _ in range(20):
             drain(logical.config, source, store, sink, owner_id="next", clock=lambda: later)
