@@ -154,7 +154,7 @@ def test_a_backfill_killed_mid_transaction_resumes_from_its_checkpoint_without_l
     expected = [("insert", i, "small") for i in (1, 2)] + [("insert", i, "big") for i in range(100, 100 + big)]
     expected += [("insert", 3, "small")]
     logical.config = dataclasses.replace(
-        logical.config, batch_size=batch, max_batches_per_tick=1000, max_uncommitted_batches=1
+        logical.config, batch_size=batch, max_batches_per_tick=1000, max_uncommitted_batches=1, lease_ttl_seconds=120
     )
     container, out = f"t-{uuid.uuid4().hex[:20]}", tmp_path / "queue.jsonl"
     # When a tick process is SIGKILLed right after a page was accepted (the ones before landed: mid-transaction)
