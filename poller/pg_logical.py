@@ -316,6 +316,17 @@ class PgLogicalSource:
             reader.shutdown(wait=True)
         self._drop_spool()
 
+    def forget(self) -> None:
+        """The lease went to another process: drop the spool (it delivers the transaction meanwhile,
+        and a later fetch here reads the slot again from the checkpoint it finds)."""
+        self._drop_spool()
+
+    @property
+    def spool_bytes(self) -> int:
+        """Bytes of the local spool of a huge transaction (0: none)."""
+        spool = self._spool
+        return spool.size if spool is not None else 0
+
     # ------------------------------------------------------------------------------ operator surface
 
     @property

@@ -118,6 +118,7 @@ def run_tick(
     linger_until = tick.linger_deadline(next_occurrence)
     keeper = tick.acquire(store, owner_id or default_owner_id()) if lease is None else tick.take(lease)
     if keeper is None:
+        _forget(source)
         return TickResult(poller.name, "lease_held")
     if linger_until is not None and waker is not None:
         waker.listen()  # before the first fetch: a commit in between still wakes the linger
@@ -136,6 +137,7 @@ def run_tick(
         return result
     except LostLeaseError:
         failed = False  # nothing to release: the lease is someone else's
+        _forget(source)
         log.warning(
             "lease lost mid-tick; the new owner re-sends the batch",
             extra=ids(poller=poller.name, window="W4", fencing_token=keeper.fencing_token),
@@ -451,6 +453,14 @@ class Tick:
                 return None
             cursor = cursor.replace(tzinfo=self._cursor_tz)
         return max(0.0, (now - cursor).total_seconds())
+
+
+def _forget(source: Source) -> None:
+    """The lease is another process's: a source drops what it keeps locally for its next fetches
+    (pg_logical: the spool of a huge transaction)."""
+    forget = getattr(source, "forget", None)
+    if callable(forget):
+        forget()
 
 
 @contextmanager

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from poller.pg_logical import PgLogicalSource
 from poller.state_blob import open_state_store
 from poller.state_memory import MemoryStateStore
+from poller.tick import run_tick
 from shared.codec import decode_batch
 from shared.config import PollerConfig
 from shared.settings import StorageConnection
@@ -214,3 +215,30 @@ def test_a_huge_transaction_whose_tail_is_not_the_pollers_is_passed(logical: Log
     # Then its rows arrive, and the change after the transaction too (the tail did not stall it)
     expected = [("insert", i, "big") for i in range(1, 3001)] + [("insert", 5000, "after")]
     assert summary(events_of(sink.accepted)) == expected
+
+
+def test_a_spool_is_dropped_when_the_lease_goes_elsewhere_and_the_new_owner_delivers_the_rest(
+    logical: LogicalTable,
+) -> None:
+    # Given process A read a huge transaction into its spool and delivered part of it
+    logical.sql("INSERT INTO {t} (id, v, n) SELECT g, 'big', 0 FROM generate_series(1, 3000) g")
+    config = poller_config(logical.url, logical.name, batch_size=300, max_batches_per_tick=2)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    a, b = PgLogicalSource(config), PgLogicalSource(config)
+    a.MAX_DECODED = b.MAX_DECODED = 1000
+    try:
+        assert run_tick(config, a, store, sink, owner_id="a").rows == 600
+        assert a.spool_bytes > 0
+        # When process B holds the lease at A's next tick
+        held = store.try_acquire("b", dt.timedelta(seconds=30), a.fingerprint)
+        assert held is not None
+        result = run_tick(config, a, store, sink, owner_id="a")
+        # Then A drops its spool (B delivers meanwhile; a later fetch of A's reads the slot again)
+        assert result.stop_reason == "lease_held" and a.spool_bytes == 0
+        # and B, whose lease it is, delivers the rest from the checkpoint
+        store.release(held)
+        _drain_all(config, b, store, sink, 3000)
+    finally:
+        a.close()
+        b.close()
+    assert summary(events_of(sink.accepted)) == [("insert", i, "big") for i in range(1, 3001)]
