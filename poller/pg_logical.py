@@ -11,7 +11,9 @@ The tick's order keeps the at-least-once contract with no settle window:
 1. ``fetch`` *peeks* (reads without consuming) the changes committed after the checkpoint, in
    commit order; each change's position is ``(commit LSN, seq)`` — ``seq`` its place in the
    transaction — and the checkpoint cursor is ``{kind: "pg_lsn", value: commit LSN,
-   tiebreaker: {"seq": n}}``. A transaction larger than a page is split across pages and ticks.
+   tiebreaker: {"seq": n}}``. A transaction larger than a page is split across pages and ticks;
+   one larger than a peek's cap is read from the slot once, into a local spool the next pages
+   come from (:mod:`poller.pg_spool`), until the slot is past it.
 2. the tick sends the page (event ids from the position: duplicate detection drops re-sends);
 3. the tick commits the checkpoint (CAS, fencing);
 4. only then ``acknowledge`` advances the slot to what the landed checkpoint covers.
