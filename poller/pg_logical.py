@@ -11,7 +11,9 @@ The tick's order keeps the at-least-once contract with no settle window:
 1. ``fetch`` *peeks* (reads without consuming) the changes committed after the checkpoint, in
    commit order; each change's position is ``(commit LSN, seq)`` — ``seq`` its place in the
    transaction — and the checkpoint cursor is ``{kind: "pg_lsn", value: commit LSN,
-   tiebreaker: {"seq": n}}``. A transaction larger than a page is split across pages and ticks.
+   tiebreaker: {"seq": n}}``. A transaction larger than a page is split across pages and ticks;
+   one larger than a peek's cap is read from the slot once, into a local spool the next pages
+   come from (:mod:`poller.pg_spool`), until the slot is past it.
 2. the tick sends the page (event ids from the position: duplicate detection drops re-sends);
 3. the tick commits the checkpoint (CAS, fencing);
 4. only then ``acknowledge`` advances the slot to what the landed checkpoint covers.
@@ -34,9 +36,9 @@ import datetime as dt
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,6 +46,7 @@ import sqlalchemy as sa
 
 from poller.engines import db_errors, require_driver, source_engine
 from poller.pg_slot import SlotGuard
+from poller.pg_spool import Spool
 from poller.pgoutput import Change, Decoder, Relation
 from poller.ports import EventFields, Page, SourceRow
 from poller.snapshot import (
@@ -95,6 +98,9 @@ _MESSAGES_PER_CHANGE = 3  # a change is one message; a one-change transaction ad
 _PAGES_PER_PEEK = 4  # a peek decodes about this many pages (a tick's next pages come from its buffer)
 _STREAM_ROWS = 1000  # messages fetched per round trip while streaming a peek
 _MAX_ROUNDS = 16  # peeks one fetch may take to fill its page (signals and watermarks are not rows)
+#: A peek holds this many bytes of raw messages at most; past them it writes them to a spool as
+#: it goes (kept only when it stops inside a transaction larger than the cap: see _peek).
+_SPOOL_AFTER_BYTES = 8 << 20
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 _REFUSED_RETRIES = 6  # refused chunk reads retried within one fetch (backoff 5 ms doubling: ~0.3 s in all)
 _REFUSED_BACKOFF, _REFUSED_BACKOFF_MAX = 0.005, 0.2
@@ -137,6 +143,38 @@ class _Buffer:
     exhausted: bool  # the peek reached the end of the log
     flushed: Lsn  # the log's flush position before that peek
     messages: int  # how many the peek read (a re-peek reads past them again)
+
+
+class _Tape:
+    """A peek's raw messages: in memory, then in a spool once they pass :data:`_SPOOL_AFTER_BYTES`."""
+
+    def __init__(self) -> None:
+        self._held: list[bytes] = []
+        self._bytes = 0
+        self._spool: Spool | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._spool is not None:
+            self._spool.write(data)
+            return
+        self._held.append(data)
+        self._bytes += len(data)
+        if self._bytes > _SPOOL_AFTER_BYTES:
+            self.spool()
+
+    def spool(self) -> Spool:
+        """The messages so far in a spool (which then takes the next ones)."""
+        if self._spool is None:
+            self._spool = Spool()
+            self._spool.write_all(self._held)
+            self._held, self._bytes = [], 0
+        return self._spool
+
+    def close(self) -> None:
+        """Free what was held, and the spool unless it was finished (kept by the source)."""
+        self._held = []
+        if self._spool is not None and self._spool.last_key is None:
+            self._spool.close()
 
 
 @dataclass(slots=True)
@@ -228,6 +266,9 @@ class PgLogicalSource:
         # Where the slot may go once a position a page ended at is a landed checkpoint; shared by
         # the threads a tick's pages are read on, cleared by acknowledge.
         self._hints: dict[tuple[int, int], Lsn] = {}
+        # A transaction larger than MAX_DECODED, read once from the slot (poller.pg_spool): pages
+        # come from it until the slot is past it. Fetches are serial (one tick at a time).
+        self._spool: Spool | None = None
 
     # ------------------------------------------------------------------------------ the port
 
@@ -275,10 +316,16 @@ class PgLogicalSource:
             return
         target = self._hints.pop(key, Lsn(key[0]))  # unknown: its commit LSN (its transaction stays)
         self._hints.clear()  # the others are behind this landed checkpoint (or were never sent)
+        spool = self._spool
+        passed = spool is not None and spool.passed_by(key)
+        if passed and spool is not None and spool.end_lsn is not None:
+            target = Lsn(max(target, spool.end_lsn))  # the spooled transaction was delivered whole
         try:
             with self._connection("acknowledge") as conn:
                 conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
                 conn.commit()
+                if passed and spool is self._spool:
+                    self._drop_spool()  # the slot is past it: the next peek starts after it
                 retained = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
                 conn.rollback()
             if retained is not None:  # the WAL the slot still holds back (operators alert on it)
@@ -296,6 +343,18 @@ class PgLogicalSource:
         reader, self._reader, self._ahead = self._reader, None, None
         if reader is not None:
             reader.shutdown(wait=True)
+        self._drop_spool()
+
+    def forget(self) -> None:
+        """The lease went to another process: drop the spool (it delivers the transaction meanwhile,
+        and a later fetch here reads the slot again from the checkpoint it finds)."""
+        self._drop_spool()
+
+    @property
+    def spool_bytes(self) -> int:
+        """Bytes of the local spool of a huge transaction (0: none)."""
+        spool = self._spool
+        return spool.size if spool is not None else 0
 
     # ------------------------------------------------------------------------------ operator surface
 
@@ -397,6 +456,11 @@ class PgLogicalSource:
         """
         buffer: _Buffer | None = self._local.buffer if getattr(self._local, "pinning", False) else None
         if buffer is None or len(buffer.changes) - _after(buffer, after) < limit:
+            spooled = self._spooled(conn, after, limit)
+            if spooled is not None:
+                if getattr(self._local, "pinning", False):
+                    self._local.buffer = spooled
+                return spooled, _after(spooled, after)
             flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())  # before the peek: see _Buffer.flushed
             if buffer is not None and buffer.exhausted and flushed == buffer.flushed:
                 return buffer, _after(buffer, after)
@@ -405,8 +469,8 @@ class PgLogicalSource:
             n = max(_MIN_PEEK, (buffer.messages if buffer else 0) + _MESSAGES_PER_CHANGE * limit * _PAGES_PER_PEEK)
             while True:
                 buffer = self._peek(conn, n, after, max(limit, self.MAX_DECODED), flushed)
-                if buffer.exhausted or len(buffer.changes) >= limit:
-                    break
+                if buffer.exhausted or len(buffer.changes) >= limit or self._spool is not None:
+                    break  # (a spool: the next round reads on from it, not from the slot)
                 n *= _PAGES_PER_PEEK
                 flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())
             if getattr(self._local, "pinning", False):
@@ -710,19 +774,88 @@ class PgLogicalSource:
 
         Streamed, and no more than about ``keep`` changes are decoded: the server returns a
         transaction whole however large it is, and a bulk load of a million rows must not be held
-        in memory (the rest of it is read again, past the checkpoint, by the next peeks).
+        in memory. When the peek stops inside a transaction (larger than ``keep``), it reads on to
+        that transaction's Commit into a spool (:mod:`poller.pg_spool`) instead of cancelling:
+        the next pages are decoded from there, and the server decodes the transaction once, not
+        once per peek (issue 33). The raw messages are held until then (at most
+        :data:`_SPOOL_AFTER_BYTES`, spooled as they come past that), so the spool starts where
+        the peek did (the slot's position) and covers any position a later fetch starts from.
         """
         decoder = Decoder(_loader(conn), skip_through=after)
         changes: list[Change] = []
         read, stopped = 0, False
-        for data in _stream(conn, _PEEK_SQL, {"slot": self._slot, "n": n, "pub": self._publication}):
-            read += 1
-            changes.extend(c for c in decoder.feed(data) if self._wanted(c))
-            if len(changes) + decoder.pending >= keep:
-                stopped = True
-                changes.extend(c for c in decoder.partial() if self._wanted(c))
-                break
+        tape = _Tape()
+        try:
+            with closing(_stream(conn, _PEEK_SQL, {"slot": self._slot, "n": n, "pub": self._publication})) as rows:
+                for data in rows:
+                    read += 1
+                    tape.write(data)
+                    changes.extend(c for c in decoder.feed(data) if self._wanted(c))
+                    if len(changes) + decoder.pending >= keep:
+                        stopped = True
+                        changes.extend(c for c in decoder.partial() if self._wanted(c))
+                        break
+                if stopped and decoder.in_transaction:
+                    self._spool_rest(tape.spool(), rows, changes)
+        finally:
+            tape.close()  # what was not kept
         return _Buffer(changes, [c.key for c in changes], not stopped and read < n, flushed, read)
+
+    def _spool_rest(self, spool: Spool, rows: Iterator[bytes], changes: list[Change]) -> None:
+        """Read the rest of the transaction the peek stopped in into ``spool``; keep it when its
+        Commit came (and give the changes decoded of it their end LSN)."""
+        for data in rows:
+            spool.write(data)
+            if not spool.in_transaction:
+                break
+        if spool.in_transaction:  # the peek ended before the Commit: never expected; peek again instead
+            return
+        spool.finish()
+        last = spool.last_key
+        if last is None or spool.end_lsn is None:
+            return
+        for c in changes:
+            if c.commit_lsn == last[0]:
+                c.end_lsn, c.last_in_txn = spool.end_lsn, c.key == last
+        if changes and changes[-1].key == last:  # the peek stopped at its last change
+            spool.ours_until = last
+        self._drop_spool()
+        self._spool = spool
+        log.info("poller %s: a transaction of %d+ changes at %s is read once into a local spool (%d bytes); "
+                 "pages come from it until the slot is past it", self._config.name, last[1] + 1, Lsn(last[0]),
+                 spool.size, extra=ids(poller=self._config.name))  # fmt: skip
+
+    def _spooled(self, conn: sa.Connection, after: tuple[int, int] | None, limit: int) -> _Buffer | None:
+        """The changes after ``after`` from the spool, when it holds them (None: peek).
+
+        Once its last change was read (``after`` is it), nothing until the slot is past it (a
+        landed checkpoint there, acknowledged): a peek would decode the whole transaction again.
+        The page ends there; the slot moves at the tick's end and the next tick peeks past it.
+        """
+        spool = self._spool
+        if spool is None:
+            return None
+        if spool.delivered_by(after) and spool.end_lsn is not None:
+            return _Buffer([], [], True, spool.end_lsn, 0)  # "read to its end": see _hint
+        if spool.covers(after):
+            keep, changes, end = max(limit, self.MAX_DECODED), [], False
+            with closing(spool.changes(after, _loader(conn))) as found:
+                for c in found:
+                    end = c.key == spool.last_key
+                    if self._wanted(c):
+                        changes.append(c)
+                        if len(changes) >= keep:
+                            break
+            if end:  # a checkpoint here covers all of it that is ours (its tail may not be)
+                spool.ours_until = changes[-1].key if changes else after
+            return _Buffer(changes, [c.key for c in changes], False, Lsn(0), 0)
+        self._drop_spool()  # passed (another process delivered it): read the slot again
+        return None
+
+    def _drop_spool(self) -> None:
+        spool, self._spool = self._spool, None
+        if spool is not None:
+            spool.close()
 
     def _wanted(self, change: Change) -> bool:
         if change.kind == "truncate":
@@ -852,13 +985,15 @@ def _listed(rel: Relation, tables: Sequence[str]) -> bool:
     return any(t == rel.qualified or (t == rel.name and rel.schema == "public") for t in tables)
 
 
-def _stream(conn: sa.Connection, query: str, params: dict[str, Any]) -> Iterator[bytes]:
+def _stream(conn: sa.Connection, query: str, params: dict[str, Any]) -> Generator[bytes, None, None]:
     """The first column of each row of ``query``, streamed by the driver itself (psycopg 3).
 
     One round trip, rows read off the socket in parts of :data:`_STREAM_ROWS` (single rows with a
     libpq older than 17), not held whole: SQLAlchemy's ``stream_results`` would declare a server
     cursor (three more round trips, a peek's largest cost). Stopping early cancels the rest.
     Runs in the transaction ``conn`` has begun; driver errors reach the caller as SQLAlchemy's.
+    A stop that cancelled the statement may have aborted that transaction (a race with the
+    server's end of the query): it is rolled back then, so the connection's next statement runs.
     """
     import psycopg  # an optional driver: see _loader
 
@@ -875,6 +1010,8 @@ def _stream(conn: sa.Connection, query: str, params: dict[str, Any]) -> Iterator
         raise sa.exc.DBAPIError.instance(query, params, exc, psycopg.Error, connection_invalidated=broken) from exc
     finally:
         cursor.close()
+        if not driver.broken and driver.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            conn.rollback()  # "current transaction is aborted" otherwise, on every tick (issue 33)
 
 
 def _loader(conn: sa.Connection) -> Any:

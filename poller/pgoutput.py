@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ from shared.models import Lsn
 
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
-__all__ = ["Change", "Decoder", "Relation"]
+__all__ = ["Change", "Decoder", "Loader", "Relation"]
 
 Loader = Callable[[int, bytes], Any]
 ChangeKind = Literal["insert", "update", "delete", "truncate"]
@@ -165,6 +165,19 @@ class Decoder:
         if pending:
             pending[-1].last_in_txn = True  # skipped changes are a prefix: this one ends the transaction
         yield from pending
+
+    def resume(self, begin: bytes, relations: Iterable[bytes], seq: int) -> None:
+        """Continue a transaction mid-way (a spool's seek point, :mod:`poller.pg_spool`): its
+        Begin message, the Relation messages in effect there, and the ``seq`` of the next change."""
+        for data in (begin, *relations):
+            for _ in self.feed(data):
+                pass
+        self._seq = seq
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a Begin was read and its Commit not yet."""
+        return self._txn is not None
 
     @property
     def pending(self) -> int:

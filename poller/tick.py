@@ -135,6 +135,7 @@ def run_tick(
     keeper = tick.take(lease)
     if keeper is None:
         refusals.forget()  # the holder sends (and backs off) for this poller now
+        _forget(source)
         return TickResult(poller.name, "lease_held")
     refusals.adopt(keeper.checkpoint.metadata)
     if linger_until is not None and waker is not None:
@@ -155,6 +156,7 @@ def run_tick(
         return result
     except LostLeaseError:
         failed = False  # nothing to release: the lease is someone else's
+        _forget(source)
         log.warning(
             "lease lost mid-tick; the new owner re-sends the batch",
             extra=ids(poller=poller.name, window="W4", fencing_token=keeper.fencing_token),
@@ -506,6 +508,14 @@ class Tick:
                 return None
             cursor = cursor.replace(tzinfo=self._cursor_tz)
         return max(0.0, (now - cursor).total_seconds())
+
+
+def _forget(source: Source) -> None:
+    """The lease is another process's: a source drops what it keeps locally for its next fetches
+    (pg_logical: the spool of a huge transaction)."""
+    forget = getattr(source, "forget", None)
+    if callable(forget):
+        forget()
 
 
 @contextmanager

@@ -1,11 +1,12 @@
 """A pg_logical tick in its own process that SIGKILLs itself at a chosen point (crash tests).
 
-    python -m tests.poller.pg_logical_killed_tick CONFIG_JSON STATE_CONNECTION CONTAINER OUT_FILE KILL_AT
+    python -m tests.poller.pg_logical_killed_tick CONFIG_JSON STATE_CONNECTION CONTAINER OUT_FILE KILL_AT [MAX_DECODED]
 
 KILL_AT is ``send:N`` (die right after the N-th batch was accepted, before its commit) or
 ``acknowledge`` (die after the tick's last checkpoint write landed, before the slot advances).
 The "queue" is OUT_FILE: each accepted batch is one JSON line, flushed and fsynced before the
-sink returns, so what the file holds is what a broker would have accepted.
+sink returns, so what the file holds is what a broker would have accepted. MAX_DECODED lowers the
+source's in-memory cap (a small transaction is then "huge": spooled, see poller.pg_spool).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def main(argv: list[str]) -> None:
     kill_at = argv[4]
     die_after = int(kill_at.split(":")[1]) if kill_at.startswith("send:") else None
     source = DyingSource(config) if kill_at == "acknowledge" else PgLogicalSource(config)
+    if len(argv) > 5:
+        source.MAX_DECODED = int(argv[5])
     run_tick(config, source, store, FileSink(argv[3], die_after), owner_id="killed")
     sys.exit(3)  # the kill point was not reached
 
