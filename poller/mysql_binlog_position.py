@@ -123,8 +123,11 @@ class GtidState:
             self.add(part)
 
     def add(self, gtid: str) -> None:
+        """``gtid`` was read: the state moves to it (never back: a re-sent GTID leaves it)."""
         domain, server, seq = _parse(gtid)
-        self._last[domain] = (server, seq)
+        last = self._last.get(domain)
+        if last is None or seq > last[1]:
+            self._last[domain] = (server, seq)
 
     def covers(self, gtid: str) -> bool:
         """Whether ``gtid`` is at or before this state's position in its domain."""

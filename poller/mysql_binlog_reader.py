@@ -126,6 +126,9 @@ class BinlogReader:
             options.update(log_file=start.file, log_pos=start.txn_pos)
         self._stream = BinLogStreamReader(**options)
         self._rows: list[BinlogChange] = []
+        self._resent: dict[str, int] = {}  # GTID -> rows read of it when the library reconnected
+        self._connected = False
+        self.restarts = 0  # reconnections the library made by itself (its re-sends are skipped)
 
     def close(self) -> None:
         self._stream.close()
@@ -159,9 +162,9 @@ class BinlogReader:
 
     def _event(self, event: Any) -> None:
         if isinstance(event, RotateEvent):
-            self._file = event.next_binlog
+            self._rotated(event)
             return
-        start = int(event.packet.log_pos) - int(event.event_size)  # where this event begins
+        start = int(event.packet.log_pos) - int(event.packet.event_size)  # where this event begins
         if isinstance(event, MariadbGtidEvent | GtidEvent):
             self._begin(event, start)
         elif isinstance(event, QueryEvent):
@@ -171,11 +174,24 @@ class BinlogReader:
         elif isinstance(event, _ROW_EVENTS):
             self._rows_of(event)
 
+    def _rotated(self, event: Any) -> None:
+        """A new binlog file, or (timestamp 0, after the first) the library reconnected by itself."""
+        if event.timestamp == 0:
+            self.restarts += 1 if self._connected else 0
+            self._connected = True
+        txn, self._file = self._txn, event.next_binlog
+        if txn is None:
+            return
+        # The stream restarted inside a transaction (a binlog never rotates inside one).
+        if txn.position.gtid is None or self._state is None:
+            raise FetchError(f"the binlog stream restarted inside the transaction at {txn.position}")
+        # By GTID the server sends it again from its start: skip what was read of it.
+        self._resent[txn.position.gtid] = max(txn.seq, txn.skip_through)
+        self._txn = None
+
     def _begin(self, event: Any, start: int) -> None:
-        if self._txn is not None:
-            # A new transaction while one is open: the library reconnected and re-sends. What was
-            # read of the open one would be counted again: re-read from the checkpoint instead.
-            raise FetchError(f"the binlog stream restarted inside the transaction at {self._txn.position}")
+        if self._txn is not None:  # ended without an XID or COMMIT we know: it is over
+            self._commit(start)
         gtid = _gtid_of(event)
         state = str(self._state) if self._state is not None else None
         position = BinlogPosition.at(self._file, start, gtid=gtid, gtid_state=state)
@@ -208,16 +224,19 @@ class BinlogReader:
 
     def _skip_through(self, position: BinlogPosition) -> int:
         """The highest index of ``position``'s transaction that was read before (-2: none)."""
-        start = self._start
-        if start.gtid is not None and position.gtid == start.gtid:
-            return start.seq  # the checkpoint's transaction
-        if self._by_gtid:
-            assert self._state is not None
-            return _ALL if position.gtid is not None and self._state.covers(position.gtid) else _UNSEEN
-        last = self._last_txn
-        if last is not None and (position.file_number, position.txn_pos) <= (last.file_number, last.txn_pos):
+        gtid, start = position.gtid, self._start
+        if gtid is not None and gtid in self._resent:
+            return self._resent.pop(gtid)  # read in part before the library reconnected
+        if self._state is not None and gtid is not None and self._state.covers(gtid):
+            return _ALL  # read whole before (the library re-sends from the state it was opened with)
+        last, key = self._last_txn, (position.file_number, position.txn_pos)
+        if self._state is None and last is not None and key <= (last.file_number, last.txn_pos):
             return _ALL  # the library re-sent a transaction read before
-        key, begun = (position.file_number, position.txn_pos), (start.file_number, start.txn_pos)
+        if start.gtid is not None and gtid == start.gtid:
+            return start.seq  # the checkpoint's transaction
+        if self._state is not None:
+            return _UNSEEN
+        begun = (start.file_number, start.txn_pos)
         if key < begun:
             return _ALL
         return start.seq if key == begun else _UNSEEN
