@@ -43,7 +43,9 @@ def _started(tables: BinlogTables, **changes: Any) -> tuple[MysqlBinlogSource, P
     return source, first.advance
 
 
-def _read(source: MysqlBinlogSource, after: Position, limit: int, *, pinned: bool = True) -> tuple[list[RowChange], Position]:
+def _read(
+    source: MysqlBinlogSource, after: Position, limit: int, *, pinned: bool = True
+) -> tuple[list[RowChange], Position]:
     """Every change after ``after``, page by page (as one tick reads them when ``pinned``)."""
     events: list[RowChange] = []
 
@@ -137,7 +139,9 @@ def test_a_checkpoint_inside_a_transaction_resumes_after_its_row_never_before(ta
 
 
 @pytest.mark.parametrize("by_gtid", [True, False], ids=["gtid", "coordinates"])
-def test_a_reader_resuming_from_a_position_does_not_resend_what_is_before_it(tables: BinlogTables, by_gtid: bool) -> None:
+def test_a_reader_resuming_from_a_position_does_not_resend_what_is_before_it(
+    tables: BinlogTables, by_gtid: bool
+) -> None:
     # Given transactions before and after a checkpoint in the same binlog file (the library's
     # default, resume_stream=False, starts a coordinates stream at the file's offset 4 and its
     # MariaDB mode ignores the file and offset: both re-send what is before the checkpoint)
@@ -163,7 +167,7 @@ def test_a_reader_resuming_from_a_position_does_not_resend_what_is_before_it(tab
 def test_a_dropped_replication_connection_does_not_resend_transactions(tables: BinlogTables) -> None:
     # Given transactions of the poller's table around 16 MB of another table's (the server sends
     # every table's events: the stream is still being sent while the reader has read a few rows)
-    source, start = _started(tables)
+    _, start = _started(tables)
     other = f"{tables.name}_bulk"
     tables.sql(f"CREATE TABLE {other} (id INT PRIMARY KEY, v LONGTEXT)")
     try:
@@ -318,4 +322,5 @@ def test_the_binlog_end_of_a_new_source_is_not_before_what_was_committed(tables:
 
 def _settings(url: str) -> dict[str, Any]:
     parsed = sa.make_url(url)
-    return {"host": parsed.host, "port": parsed.port or 3306, "user": parsed.username, "password": parsed.password or ""}
+    return {"host": parsed.host, "port": parsed.port or 3306, "user": parsed.username,
+            "password": parsed.password or ""}  # fmt: skip
