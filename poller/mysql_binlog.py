@@ -125,6 +125,29 @@ class MysqlBinlogSource:
         with self._lock:
             self._close_reader()
 
+    # ------------------------------------------------------------------------------ operator surface
+
+    def binlog_status(self, after: Position | None) -> dict[str, Any]:
+        """Where the checkpoint stands in the binlog, and how much binlog is after it (``status``)."""
+        with self._db_errors("status"), self._engine.connect() as conn:
+            logs = [(str(r[0]), int(r[1])) for r in conn.execute(sa.text("SHOW BINARY LOGS"))]
+            end = _binlog_end(conn, self._config.name)
+            conn.rollback()
+        at = BinlogPosition.from_position(after) if after is not None else None
+        behind = None
+        if at is not None:
+            sizes = {file_number(name): size for name, size in logs}
+            behind = sum(size for n, size in sizes.items() if n > at.file_number)
+            behind += max(sizes.get(at.file_number, 0) - at.txn_pos, 0)
+        mib = 1024 * 1024
+        return {
+            "checkpoint_at": str(at) if at is not None else None,
+            "binlog_end": f"{end[0]}:{end[1]}",
+            "oldest_binlog": logs[0][0] if logs else None,
+            "lag_bytes": behind,
+            "lag": f"{behind / mib:.1f} MiB of binlog" if behind is not None else "-",
+        }
+
     # ------------------------------------------------------------------------------ reading
 
     def _fetch(self, after: Position | None, limit: int) -> Page:

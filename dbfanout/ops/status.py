@@ -25,6 +25,7 @@ from dbfanout.ops.bus import (
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
 from poller.engines import source_engine
+from poller.mysql_binlog import MysqlBinlogSource
 from poller.pg_logical import PgLogicalSource
 from poller.sources import open_source
 from shared.codec import encode_position, encode_value
@@ -109,6 +110,9 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     try:
         if isinstance(source, PgLogicalSource):
             out["source"] = _slot_source(source)
+            return out
+        if isinstance(source, MysqlBinlogSource):  # its log is not read for a status: no stream opened
+            out["source"] = source.binlog_status(position)
             return out
         newest = _newest_cursor(cfg)
         page = source.fetch(position, PENDING_LIMIT)
