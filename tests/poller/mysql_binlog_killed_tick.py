@@ -44,7 +44,8 @@ class FileSink:
 
 def main(argv: list[str]) -> None:
     raw: dict[str, Any] = json.loads(argv[0])
-    config = PollerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    config = PollerConfig(**fields)
     offset = dt.timedelta(seconds=float(argv[5]))
 
     def clock() -> dt.datetime:
