@@ -11,8 +11,8 @@ domain, what ``@slave_connect_state`` takes): a resume connects at that state, s
 sends the checkpoint's transaction first, and the rows at or before ``seq`` are skipped. ``seq``
 is -1 for a position between transactions (nothing of the next one delivered yet).
 
-Event ids come from :meth:`BinlogPosition.event_cursor`: the GTID and ``seq`` (the same on every
-read of the change, and on a failover replica), else the coordinates and ``seq``.
+Event ids come from :meth:`BinlogPosition.event_cursor`: the GTID's numbers and ``seq`` (the same
+on every read of the change, and on a failover replica), else the coordinates and ``seq``.
 """
 
 from __future__ import annotations
@@ -65,10 +65,19 @@ class BinlogPosition:
         return (self.file_number, self.txn_pos) == (other.file_number, other.txn_pos)
 
     def event_cursor(self) -> CursorValue:
-        """The event's ``cursor`` (part of its id): the same on every read of this change."""
-        if self.gtid is not None:
-            return (self.gtid, self.seq)
-        return (self.file, self.txn_pos, self.seq)
+        """The event's ``cursor`` (part of its id): the same on every read of this change, and
+        ordered like the changes, so a handler may apply a change only if newer than the last.
+
+        MariaDB: ``(domain, GTID seq no, seq)`` (the same on a failover replica); MySQL with a
+        GTID: ``(server uuid, gno, seq)``; else ``(file number, transaction offset, seq)``.
+        """
+        gtid = self.gtid
+        if gtid is not None and (match := _MARIADB_GTID.match(gtid)):
+            return (int(match.group(1)), int(match.group(3)), self.seq)
+        if gtid is not None and ":" in gtid:
+            uuid, _, gno = gtid.rpartition(":")
+            return (uuid, int(gno), self.seq)
+        return (self.file_number, self.txn_pos, self.seq)
 
     def with_seq(self, seq: int) -> BinlogPosition:
         return replace(self, seq=seq)
