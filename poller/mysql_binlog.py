@@ -8,10 +8,10 @@ deletes of the poller's tables in commit order, as the pg_logical source does.
 
 The tick's order keeps the at-least-once contract:
 
-1. ``fetch`` opens a non-blocking replication stream at the checkpoint (MariaDB: its GTID state;
-   MySQL: its binlog file and offset), skips what the checkpoint covers (a transaction's rows up
-   to its ``seq``), and returns up to a page of changes; the next fetch of the tick goes on
-   reading the same stream (a large transaction spans pages and ticks);
+1. ``fetch`` opens a replication stream at the checkpoint (MariaDB: its GTID state; MySQL: its
+   binlog file and offset), read up to the binlog's end as of then, skips what the checkpoint
+   covers (a transaction's rows up to its ``seq``), and returns up to a page of changes; the next
+   fetch of the tick goes on reading the same stream (a large transaction spans pages and ticks);
 2. the tick sends the page (event ids from the GTID and ``seq``: re-sends are duplicates);
 3. the tick commits the checkpoint (CAS, fencing); nothing needs acknowledging: the server keeps
    the binlog for its retention time, not for this reader (``dbfanout validate`` checks it).
@@ -191,7 +191,7 @@ class MysqlBinlogSource:
     def _open(self, start: BinlogPosition) -> Any:
         from poller.mysql_binlog_reader import BinlogReader  # an optional package: see the module doc
 
-        self._check_retained(start)
+        until = self._check_retained(start)
         _args, kwargs = self._engine.dialect.create_connect_args(self._engine.url)
         connection = {**kwargs, "connect_timeout": 10}
         connection.pop("client_flag", None)
@@ -200,6 +200,7 @@ class MysqlBinlogSource:
             self._config.server_id,
             self._tables,
             start,
+            until,
             by_gtid=bool(self._is_mariadb()),
             pk=self._config.pk,
         )
@@ -242,10 +243,12 @@ class MysqlBinlogSource:
             self._mariadb = "mariadb" in version.lower()
         return self._mariadb
 
-    def _check_retained(self, start: BinlogPosition) -> None:
-        """A checkpoint whose binlog file the server no longer has is an error, never a skip."""
+    def _check_retained(self, start: BinlogPosition) -> tuple[str, int]:
+        """The binlog's end now (where the stream opened next reads to). A checkpoint whose
+        binlog file the server no longer has is an error, never a skip."""
         with self._engine.connect() as conn:
             files = [str(r[0]) for r in conn.execute(sa.text("SHOW BINARY LOGS"))]
+            end = _binlog_end(conn, self._config.name)
             conn.rollback()
         if not files:
             raise SourceError(
@@ -260,6 +263,7 @@ class MysqlBinlogSource:
                 "`dbfanout checkpoint reset` the poller (it resumes at the binlog's end) and reload the tables' "
                 "rows yourself (snapshots are not available for mysql_binlog yet); see docs/operations.md",
             )
+        return end
 
     def _db_errors(self, op: str) -> AbstractContextManager[None]:
         return _binlog_errors(f"poller {self._config.name}: {op} from the binlog at {self._url}", self._config)

@@ -123,6 +123,22 @@ def test_a_large_transaction_spans_pages_and_fresh_streams_with_the_same_ids(tab
     assert _read(source, end, 7)[0] == []
 
 
+def test_a_backlog_of_several_hundred_kilobytes_is_read_whole_page_by_page(tables: BinlogTables) -> None:
+    # Given a backlog of 5000 changes (~400 KB of binlog: a non-blocking dump sends it all and the
+    # server drops the connection while the client still decodes what it buffered)
+    source, start = _started(tables)
+    for first in range(0, 4000, 1000):
+        tables.insert(list(range(first, first + 1000)))
+    tables.sql("UPDATE {t} SET n = n + 1 WHERE id < 1000")
+    # When one tick reads it in pages of 1000
+    events, _ = _read(source, start, 1000)
+    # Then every change arrives once, in order, from one stream
+    assert [(e.change, e.pk["id"]) for e in events] == [("insert", i) for i in range(4000)] + [
+        ("update", i) for i in range(1000)
+    ]
+    assert source.streams_opened == 1
+
+
 def test_a_checkpoint_inside_a_transaction_resumes_after_its_row_never_before(tables: BinlogTables) -> None:
     # Given a transaction of 10 rows and a checkpoint at its 4th row
     source, start = _started(tables)
@@ -155,7 +171,7 @@ def test_a_reader_resuming_from_a_position_does_not_resend_what_is_before_it(
     assert checkpoint.seq == 0
     # When a reader resumes there, by GTID state (MariaDB) or by file and offset (MySQL's way)
     settings = _settings(tables.url)
-    reader = BinlogReader(settings, 4243, frozenset({tables.qualified}), checkpoint, by_gtid=by_gtid)
+    reader = BinlogReader(settings, 4243, frozenset({tables.qualified}), checkpoint, _end(tables), by_gtid=by_gtid)
     try:
         changes = reader.read(50)
     finally:
@@ -178,7 +194,9 @@ def test_a_dropped_replication_connection_does_not_resend_transactions(tables: B
         for first in range(300, 600, 3):
             tables.insert([first, first + 1, first + 2])
         checkpoint = BinlogPosition.from_position(start)
-        reader = BinlogReader(_settings(tables.url), 4244, frozenset({tables.qualified}), checkpoint, by_gtid=True)
+        until = _end(tables)
+        tables_read = frozenset({tables.qualified})
+        reader = BinlogReader(_settings(tables.url), 4244, tables_read, checkpoint, until, by_gtid=True)
         try:
             got = reader.read(5)
             # When the server drops the replication connection, the library reconnects by itself
@@ -318,6 +336,12 @@ def test_the_binlog_end_of_a_new_source_is_not_before_what_was_committed(tables:
     source, start = _started(tables)
     # Then reading from the start finds nothing (the row is before it)
     assert _read(source, start, 10)[0] == []
+
+
+def _end(tables: BinlogTables) -> tuple[str, int]:
+    with tables.engine.connect() as conn:
+        row = conn.execute(sa.text("SHOW MASTER STATUS")).one()
+    return str(row[0]), int(row[1])
 
 
 def _settings(url: str) -> dict[str, Any]:

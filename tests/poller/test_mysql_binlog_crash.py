@@ -183,7 +183,7 @@ def test_kills_inside_catch_up_ticks_lose_nothing_and_keep_order_and_ids(
     deletes = [e for e in events if e.change == "delete"]
     assert len(deletes) == history.deletes and all(e.op == "delete" and e.before for e in deletes)
     # in commit order, so in order per key
-    per_key: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
+    per_key: dict[tuple[Any, ...], list[tuple[int, ...]]] = defaultdict(list)
     for e in events:
         per_key[(e.table, *e.pk.values())].append(_order(e))
     assert all(order == sorted(order) for order in per_key.values())

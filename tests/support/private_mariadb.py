@@ -11,6 +11,7 @@ own (a few seconds and about 100 MB each), which keeps the workers independent.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -97,6 +98,15 @@ class PrivateMariaDB:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM when the test process dies (a timeout, a kill), not left running."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: stop() still stops it
+        pass
+
+
 def start_private_mariadb(timeout: float = 120.0) -> PrivateMariaDB:
     """Initialise a data directory and start ``mariadbd`` on a free port with the binlog on."""
     server, install = _binary("mariadbd", "mysqld"), _binary("mariadb-install-db", "mysql_install_db")
@@ -116,7 +126,7 @@ def start_private_mariadb(timeout: float = 120.0) -> PrivateMariaDB:
          f"--pid-file={directory / 'mariadbd.pid'}", f"--port={port}", "--bind-address=127.0.0.1",
          "--skip-name-resolve", "--performance-schema=OFF", "--innodb-buffer-pool-size=64M",
          "--innodb-log-file-size=48M", "--max-connections=200", *BINLOG_SETTINGS, *as_root],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
     )  # fmt: skip
     log.close()
     instance = PrivateMariaDB(f"mysql+pymysql://root@127.0.0.1:{port}/test", port, directory, process)
