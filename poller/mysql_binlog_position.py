@@ -18,7 +18,7 @@ on every read of the change, and on a failover replica), else the coordinates an
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import SourceError
@@ -80,7 +80,8 @@ class BinlogPosition:
         return (self.file_number, self.txn_pos, self.seq)
 
     def with_seq(self, seq: int) -> BinlogPosition:
-        return replace(self, seq=seq)
+        # Positional, not dataclasses.replace: called once per row change (a tenth of a catch-up's time).
+        return BinlogPosition(self.file_number, self.txn_pos, seq, self.file, self.gtid, self.gtid_state)
 
     # ------------------------------------------------------------------------------ checkpoint form
 
