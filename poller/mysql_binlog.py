@@ -22,7 +22,8 @@ kind yet (the config refuses ``snapshot``).
 
 Cost while idle: a stream is opened only when the binlog moved since the last read reached its
 end; an idle fetch is one ``SHOW MASTER STATUS`` on a pooled connection (no replication
-connection). A stream costs two connections (the replication one and the library's control one).
+connection). A stream costs two connections (the replication one and the library's control one)
+and stays open until the tick ends: a lingering tick's next fetches read on from it.
 """
 
 from __future__ import annotations
@@ -153,7 +154,15 @@ class MysqlBinlogSource:
     def _fetch(self, after: Position | None, limit: int) -> Page:
         start = BinlogPosition.from_position(after) if after is not None else None
         reader = self._reader
-        if reader is not None and (start is None or reader.handed != start or reader.at_end):
+        read_to_end = self._idle is not None and start is not None and self._idle[0] == start
+        if reader is not None and reader.at_end and read_to_end:
+            # The tick's stream read to the end, and this fetch starts there: the same stream reads
+            # on (the server pushed what came since) up to the new end, or nothing when none.
+            now = self._binlog_end_now()
+            if now == reader.end:
+                return Page([])
+            reader.extend(now)
+        elif reader is not None and (start is None or reader.handed != start or reader.at_end):
             self._close_reader()
             reader = None
         if reader is None:
@@ -161,7 +170,7 @@ class MysqlBinlogSource:
                 here = self._current()
                 log.info("poller %s: no checkpoint yet: reading the binlog from %s", self._config.name, here)
                 return Page([], advance=here.to_position())
-            if self._idle is not None and self._idle[0] == start and self._idle_still():
+            if read_to_end and self._idle_still():
                 return Page([])
             reader = self._open(start)
         try:
@@ -173,11 +182,10 @@ class MysqlBinlogSource:
         advance = None
         if not rows and start is not None and self._far(start, reader.position):
             advance = reader.position.to_position()
-        if reader.at_end:
+        if reader.at_end:  # the stream stays open until the tick ends (a lingering tick reads on)
             end = rows[-1].position if rows else advance or after
             assert end is not None
             self._idle = (BinlogPosition.from_position(end), reader.end)
-            self._close_reader()
         else:
             self._idle = None
         return Page(rows, advance=advance)
@@ -229,10 +237,13 @@ class MysqlBinlogSource:
     def _idle_still(self) -> bool:
         """Whether the binlog's end is where the last read found it (nothing new: no stream)."""
         assert self._idle is not None
+        return self._binlog_end_now() == self._idle[1]
+
+    def _binlog_end_now(self) -> tuple[str, int]:
         with self._engine.connect() as conn:
             end = _binlog_end(conn, self._config.name)
             conn.rollback()
-        return end == self._idle[1]
+        return end
 
     def _is_mariadb(self, conn: sa.Connection | None = None) -> bool:
         if self._mariadb is None:

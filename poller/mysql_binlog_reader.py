@@ -51,10 +51,9 @@ __all__ = ["BinlogChange", "BinlogReader", "ChangeKind"]
 ChangeKind = Literal["insert", "update", "delete"]
 
 _ROW_EVENTS = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
-_EVENTS = [GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, RotateEvent, HeartbeatLogEvent, *_ROW_EVENTS]
 #: Seconds of silence after which the server sends a heartbeat: a read that has not met the end it
 #: was opened for (an event the server does not send) ends then, as caught up.
-HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_SECONDS = 0.5
 _MARIADB_STANDALONE = 0x01  # a GTID event's flag: the transaction is one statement (DDL), no XID follows
 _UNSEEN = -2  # a transaction's rows are all new
 _ALL = 1 << 62  # a transaction's rows were all read before
@@ -128,7 +127,11 @@ class BinlogReader:
             "server_id": server_id,
             "blocking": True,
             "slave_heartbeat": HEARTBEAT_SECONDS,
-            "only_events": _EVENTS,
+            # Every event type the library knows, not only those read here: the stream must hand
+            # over the binlog's last event whatever it is (a binlog checkpoint, a GTID list) for
+            # the read to see that it reached ``until`` (a filtered one is skipped inside the
+            # library, which then blocks for the next event: a heartbeat's wait).
+            "only_events": None,
             "only_schemas": schemas,
             "only_tables": names,
             "enable_logging": False,
@@ -146,6 +149,11 @@ class BinlogReader:
 
     def close(self) -> None:
         self._stream.close()
+
+    def extend(self, until: tuple[str, int]) -> None:
+        """Read on to ``until`` (a later binlog end) after ``at_end``: the blocking stream is still open."""
+        self._until = (file_number(until[0]), until[1])
+        self.at_end = False
 
     @property
     def end(self) -> tuple[str, int]:
@@ -166,6 +174,8 @@ class BinlogReader:
             event = self._stream.fetchone()
             if event is None or isinstance(event, HeartbeatLogEvent):
                 self.at_end = True  # the server has nothing more to send
+                if event is not None and self._txn is None and event.packet.log_pos:
+                    self._pos = int(event.packet.log_pos)  # where its binlog ends: an idle check compares it
                 break
             self._event(event)
             if self._txn is None and (file_number(self._file), self._pos) >= self._until:

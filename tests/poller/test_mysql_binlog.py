@@ -280,6 +280,25 @@ def test_an_idle_fetch_opens_no_replication_stream(tables: BinlogTables) -> None
     assert source.streams_opened == opened + 1
 
 
+def test_within_a_tick_fetches_after_the_end_read_on_from_the_open_stream(tables: BinlogTables) -> None:
+    # Given a tick (pinned) whose stream read to the end of the binlog
+    source, start = _started(tables)
+    tables.insert([1])
+    with source.pinned():
+        page = source.fetch(start, 10)
+        assert len(page) == 1 and page.end is not None
+        opened = source.streams_opened
+        # When nothing is new, and then a change commits, as a lingering tick polls
+        assert len(source.fetch(page.end, 10)) == 0
+        tables.insert([2])
+        more = source.fetch(page.end, 10)
+        # Then the change is read from the same stream (no new replication connection)
+        assert [r.event.pk for r in more.rows if r.event] == [{"id": 2}]
+        assert source.streams_opened == opened
+    # and the next tick (a new stream from its checkpoint) finds nothing again
+    assert more.end is not None and len(source.fetch(more.end, 10)) == 0
+
+
 def test_other_tables_traffic_moves_the_checkpoint_without_rows(
     tables: BinlogTables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
