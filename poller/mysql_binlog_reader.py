@@ -207,7 +207,7 @@ class BinlogReader:
         if event.timestamp == 0:
             self.restarts += 1 if self._connected else 0
             self._connected = True
-        txn, self._file = self._txn, event.next_binlog
+        txn, self._file, self._pos = self._txn, event.next_binlog, int(event.position)
         if txn is None:
             return
         # The stream restarted inside a transaction (a binlog never rotates inside one).

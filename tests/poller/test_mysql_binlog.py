@@ -299,6 +299,25 @@ def test_within_a_tick_fetches_after_the_end_read_on_from_the_open_stream(tables
     assert more.end is not None and len(source.fetch(more.end, 10)) == 0
 
 
+def test_changes_on_both_sides_of_a_binlog_rotation_arrive_and_resume_across_files(tables: BinlogTables) -> None:
+    # Given changes before and after the server starts a new binlog file
+    source, start = _started(tables)
+    tables.insert([1, 2])
+    with tables.engine.connect() as conn:
+        conn.execute(sa.text("FLUSH BINARY LOGS"))
+    tables.insert([3])
+    tables.sql("DELETE FROM {t} WHERE id = 1")
+    # When one page ends in the first file and a new source resumes from there
+    first = source.fetch(start, 2)
+    source.close()
+    assert first.end is not None
+    rest, end = _read(MysqlBinlogSource(tables.config), first.end, 10)
+    # Then everything arrives once, and the last position is in the new file
+    assert [r.event.pk["id"] for r in first.rows if r.event] == [1, 2]
+    assert [(e.change, e.pk["id"]) for e in rest] == [("insert", 3), ("delete", 1)]
+    assert BinlogPosition.from_position(end).file_number > BinlogPosition.from_position(first.end).file_number
+
+
 def test_other_tables_traffic_moves_the_checkpoint_without_rows(
     tables: BinlogTables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
