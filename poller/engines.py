@@ -45,6 +45,7 @@ _DRIVER_FIX = {
     "psycopg2": "use a postgresql+psycopg:// URL and uncomment psycopg[binary] in requirements-drivers.txt",
     "pymysql": "uncomment pymysql in requirements-drivers.txt",
     "MySQLdb": "use a mysql+pymysql:// URL and uncomment pymysql in requirements-drivers.txt",
+    "pymysqlreplication": "uncomment mysql-replication (and pymysql) in requirements-drivers.txt",
     "pyodbc": "uncomment pyodbc in requirements-drivers.txt (and install the ODBC driver)",
 }
 

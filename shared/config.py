@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ _SUBSCRIPTION = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,48}[A-Za-z0-9])?$")
 Transport = Literal["servicebus", "storage-queue"]
 NullCursorPolicy = Literal["skip", "fail"]
 OversizePolicy = Literal["error", "claim-check"]
-SourceKind = Literal["keyset", "outbox", "pg_logical"]
+SourceKind = Literal["keyset", "outbox", "pg_logical", "mysql_binlog"]
 Wake = Literal["poll", "notify", "wal"]
 OnLostPosition = Literal["fail", "resnapshot"]
 #: Kinds whose source reads a log that can lose the changes after a checkpoint (``on_lost_position``).
@@ -53,6 +54,8 @@ LOG_POSITION_KINDS = ("pg_logical",)
 _KEYSET_ONLY = ("query", "cursor", "pk", "soft_delete_column", "xid_column", "filter", "null_cursor", "cursor_timezone")
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 _PG_LOGICAL_ONLY = ("tables", "slot", "publication", "snapshot", "snapshot_chunk_size", "signal_table")
+#: Keys that only mean something to a mysql_binlog poller.
+_MYSQL_BINLOG_ONLY = ("server_id",)
 _SIGNAL_TABLE = re.compile(r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -153,6 +156,10 @@ class PollerConfig:
     # invalidated or dropped): "fail" (the default) stops with an error naming the fix; "resnapshot"
     # replaces the slot and snapshots every table, unattended (see poller.pg_slot).
     on_lost_position: OnLostPosition = "fail"
+    # mysql_binlog: the server id the poller's replica connection announces (unique among the
+    # server's replicas: a second connection with the same id makes the server drop the first).
+    # Default: derived from the poller's name (validate checks it against the server's own).
+    server_id: int = 0
     # Topic fan-out: ``topic = "orders"`` instead of ``queue``; ``queue`` then holds the same name
     # (the entity the poller sends to) and ``subscriptions`` each name a handler.
     topic: str | None = None
@@ -463,14 +470,14 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
     if not isinstance(raw, Mapping):
         raise ConfigError(prefix, "must be a table")
     _reject_unknown(raw, prefix, set(PollerConfig.__dataclass_fields__) - {"name", "missing_settings"})
-    kind = _choice(raw, prefix, "kind", "keyset", ("keyset", "outbox", "pg_logical"))
+    kind = _choice(raw, prefix, "kind", "keyset", ("keyset", "outbox", "pg_logical", "mysql_binlog"))
     raw = _kind_defaults(name, raw, prefix, kind)
     table, query = raw.get("table"), raw.get("query")
     if (table is None) == (query is None):
         raise ConfigError(f"{prefix}.table", "set exactly one of table or query")
     pk_raw = raw.get("pk")
     pk = (pk_raw,) if isinstance(pk_raw, str) else tuple(pk_raw) if isinstance(pk_raw, list) else ()
-    optional = kind == "pg_logical" and pk_raw is None  # pg_logical: each table's primary key
+    optional = kind in ("pg_logical", "mysql_binlog") and pk_raw is None  # each table's primary key
     if not optional and (not pk or not all(isinstance(c, str) and c for c in pk)):
         raise ConfigError(f"{prefix}.pk", "must be a column name or a list of column names", hint='pk = ["id"]')
     source_url = _str(raw, prefix, "source_url", None)
@@ -539,6 +546,7 @@ def _poller(name: str, raw: Any, settings: Settings, lenient_settings: bool = Fa
         snapshot_chunk_size=_int(raw, prefix, "snapshot_chunk_size", 0, 0, 1_000_000),
         signal_table=_signal_table(raw, prefix),
         on_lost_position=_on_lost_position(raw, prefix, kind),
+        server_id=_server_id(name, raw, prefix) if kind == "mysql_binlog" else 0,
         topic=topic,
         subscriptions=subscriptions,
         cursor_is_commit_time=bool(raw.get("cursor_is_commit_time", False)),
@@ -555,6 +563,14 @@ def _on_lost_position(raw: Mapping[str, Any], prefix: str, kind: str) -> OnLostP
             "the table itself: it has no log position to lose)",
         )
     return value
+
+
+def _server_id(name: str, raw: Mapping[str, Any], prefix: str) -> int:
+    """A mysql_binlog poller's replica server id: ``server_id``, else one derived from its name
+    (stable across restarts, in 1e9..2e9 where hand-picked server ids rarely are)."""
+    if "server_id" in raw:
+        return _int(raw, prefix, "server_id", 0, 1, 4_294_967_295)
+    return 1_000_000_000 + zlib.crc32(name.encode()) % 1_000_000_000
 
 
 def _signal_table(raw: Mapping[str, Any], prefix: str) -> str:
@@ -653,12 +669,48 @@ def _kind_defaults(name: str, raw: Mapping[str, Any], prefix: str, kind: str) ->
         raw = _outbox_defaults(raw, prefix)
     elif "outbox_retention_seconds" in raw:
         raise ConfigError(f"{prefix}.outbox_retention_seconds", 'applies to kind = "outbox" only')
+    if kind == "mysql_binlog":
+        return _mysql_binlog_defaults(raw, prefix)
+    if any(k in raw for k in _MYSQL_BINLOG_ONLY):
+        raise ConfigError(f"{prefix}.server_id", 'applies to kind = "mysql_binlog" only')
     if kind == "pg_logical":
         raw = _pg_logical_defaults(name, raw, prefix)
     elif any(k in raw for k in _PG_LOGICAL_ONLY):
         given = next(k for k in _PG_LOGICAL_ONLY if k in raw)
         raise ConfigError(f"{prefix}.{given}", f'{", ".join(_PG_LOGICAL_ONLY)} apply to kind = "pg_logical" only')
     return raw
+
+
+def _mysql_binlog_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """A mysql_binlog poller names its tables; the binlog orders the changes."""
+    given = [k for k in _KEYSET_ONLY if k in raw and k != "pk"]
+    if given:
+        raise ConfigError(
+            f"{prefix}.{given[0]}",
+            'does not apply to kind = "mysql_binlog" (the binlog gives every change in commit order)',
+            hint='keep tables = ["shop.orders", ...] (pk is optional: each table\'s primary key)',
+        )
+    if raw.get("snapshot", "never") != "never" or "snapshot_chunk_size" in raw:
+        raise ConfigError(
+            f"{prefix}.snapshot",
+            'snapshots are not available for kind = "mysql_binlog" pollers yet: the poller delivers the changes '
+            "committed after its first tick",
+            hint="remove snapshot; to deliver the rows that exist already, run a keyset poller over the tables "
+            '(kind = "keyset", same handler) once, started before this poller\'s first tick; see docs/operations.md',
+        )
+    wrong = [k for k in ("slot", "publication", "signal_table") if k in raw]
+    if wrong:
+        raise ConfigError(f"{prefix}.{wrong[0]}", 'applies to kind = "pg_logical" only')
+    table, tables = raw.get("table"), raw.get("tables")
+    if (table is None) == (tables is None):
+        raise ConfigError(f"{prefix}.tables", 'kind = "mysql_binlog" needs exactly one of table or tables')
+    tables = [table] if tables is None else tables
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, str) and t for t in tables):
+        raise ConfigError(f"{prefix}.tables", "must be a list of table names", hint='tables = ["shop.orders"]')
+    bad = [t for t in tables if t.count(".") > 1]
+    if bad:
+        raise ConfigError(f"{prefix}.tables", f"{bad[0]!r}: name a table as database.table (or table)")
+    return {**raw, "table": tables[0], "tables": tables, "cursor": "binlog_position", "settle_seconds": 0.0}
 
 
 def _pg_logical_defaults(name: str, raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:

@@ -58,6 +58,29 @@ def mysql_url() -> str:
     return MYSQL_URL
 
 
+@pytest.fixture(scope="session")
+def mysql_binlog_url() -> Iterator[str]:
+    """A MariaDB/MySQL URL whose server writes a row-based binlog (for kind = "mysql_binlog" tests).
+
+    The shared test server's when it already has the binlog on (ROW, FULL images and metadata),
+    else a private ``mariadbd`` started for this session (one per xdist worker), removed at the end.
+    """
+    from tests.support.private_mariadb import binaries_missing, binlog_reason, start_private_mariadb
+
+    url = os.environ.get("DBFANOUT_TEST_MYSQL_BINLOG_URL", MYSQL_URL)
+    if binlog_reason(url) is None:
+        yield url
+        return
+    missing = binaries_missing()
+    if missing:
+        pytest.skip(f"{url.split('@')[-1]} has no row-based binlog and {missing}")
+    server = start_private_mariadb()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'source.db'}"

@@ -341,7 +341,7 @@ class Worker:
 
 
 #: How the commit time of a change-log source's events is labelled (``commit_time`` attribute).
-_COMMIT_KIND = {"pg_logical": "pg_commit", "outbox": "outbox_created"}
+_COMMIT_KIND = {"pg_logical": "pg_commit", "mysql_binlog": "binlog_commit", "outbox": "outbox_created"}
 
 
 def _zone(name: str | None) -> dt.tzinfo:

@@ -90,6 +90,13 @@ def snapshot_command(
 
 
 def _tables(cfg: PollerConfig, asked: list[str]) -> list[str]:
+    if cfg.kind == "mysql_binlog":
+        fail(
+            f'poller {cfg.name} is kind = "mysql_binlog": snapshots are not available for binlog pollers yet',
+            EXIT_USAGE,
+            "to deliver the rows that exist, run a keyset poller (same handler) over the tables; "
+            "see docs/operations.md, MySQL and MariaDB binlog",
+        )
     if cfg.kind != "pg_logical":
         fail(
             f'poller {cfg.name} is kind = "{cfg.kind}": snapshots are for kind = "pg_logical" pollers',

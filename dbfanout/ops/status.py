@@ -27,6 +27,7 @@ from dbfanout.ops.context import open_store
 from dbfanout.ops.snapshot_checks import initial_too_late
 from poller.backoff import refusal_from_metadata
 from poller.engines import source_engine
+from poller.mysql_binlog import MysqlBinlogSource
 from poller.pg_logical import PgLogicalSource
 from poller.pg_slot import lost_error, read_slot
 from poller.sources import open_source
@@ -120,6 +121,9 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
     try:
         if isinstance(source, PgLogicalSource):
             out["source"] = _slot_source(source, cfg, position)
+            return out
+        if isinstance(source, MysqlBinlogSource):  # its log is not read for a status: no stream opened
+            out["source"] = source.binlog_status(position)
             return out
         page = source.fetch(position, PENDING_LIMIT)  # first: its errors name what a migration changed
         newest = _newest_cursor(cfg)

@@ -17,6 +17,7 @@ from typing import Any
 
 from azure.servicebus import ServiceBusClient
 
+from dbfanout.ops.binlog_checks import binlog_checks
 from dbfanout.ops.bus import is_emulator, probe_queue
 from dbfanout.ops.checks import (
     Check,
@@ -33,6 +34,7 @@ from dbfanout.ops.slot_checks import slot_checks
 from dbfanout.ops.snapshot_checks import initial_too_late, ordering_check, signal_grant_checks
 from dbfanout.ops.topic_checks import topic_checks
 from poller.events import to_batch
+from poller.mysql_binlog import MysqlBinlogSource
 from poller.outbox import OutboxSource
 from poller.pg_logical import PgLogicalSource
 from poller.sources import open_source
@@ -58,7 +60,7 @@ def _msg(exc: Exception) -> str:
     return str(exc) if isinstance(exc, DbFanoutError) else f"{type(exc).__name__}: {exc}"
 
 
-def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
+def _source_checks(cfg: PollerConfig, fix: bool = False, others: tuple[PollerConfig, ...] = ()) -> Iterator[Check]:
     p = cfg.name
     try:
         cfg.require_settings()  # the errors the deployed poller's ticks would fail with:
@@ -68,10 +70,8 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
         return
     yield from _outbox_fix(source, p, fix)
     yield from _notify_checks(cfg, fix)
-    if isinstance(source, PgLogicalSource):
-        yield from slot_checks(cfg, fix=fix)
-        yield from signal_grant_checks(cfg)
-        yield from ordering_check(cfg)
+    if isinstance(source, PgLogicalSource | MysqlBinlogSource):
+        yield from _log_checks(source, cfg, fix, others)
         return
     try:
         info = source.describe()
@@ -119,6 +119,19 @@ def _source_checks(cfg: PollerConfig, fix: bool = False) -> Iterator[Check]:
         except OversizeRowError as exc:
             status = "fail" if cfg.oversize_policy == "error" else "warn"
             yield Check(p, "message size", status, f"{exc} (oversize_policy = {cfg.oversize_policy!r})")
+
+
+def _log_checks(
+    source: PgLogicalSource | MysqlBinlogSource, cfg: PollerConfig, fix: bool, others: tuple[PollerConfig, ...]
+) -> Iterator[Check]:
+    """A change-log source's own checks: the slot's (pg_logical) or the binlog's (mysql_binlog)."""
+    if isinstance(source, PgLogicalSource):
+        yield from slot_checks(cfg, fix=fix)
+        yield from signal_grant_checks(cfg)
+        yield from ordering_check(cfg)
+        return
+    source.close()
+    yield from binlog_checks(cfg, others=others)
 
 
 def _notify_checks(cfg: PollerConfig, fix: bool) -> Iterator[Check]:
@@ -287,12 +300,14 @@ def validate_poller(
     cfg = config.poller(name)
     if cfg.is_topic:
         handlers = [handler_check(cfg, app_root, sub) for sub in sorted(cfg.subscriptions)]
-        checks = [*handlers, *_source_checks(cfg, fix), *_state_checks(config, cfg), lease_margins_check(cfg)]
+        others = tuple(config.pollers.values())
+        checks = [*handlers, *_source_checks(cfg, fix, others), *_state_checks(config, cfg), lease_margins_check(cfg)]
         if client is None:
             checks.append(Check(name, "topic", "skip", "no Service Bus connection"))
             return checks
         return [*checks, *topic_checks(config, cfg, client)]
-    checks = [handler_check(cfg, app_root), *_source_checks(cfg, fix), *_state_checks(config, cfg)]
+    others = tuple(config.pollers.values())
+    checks = [handler_check(cfg, app_root), *_source_checks(cfg, fix, others), *_state_checks(config, cfg)]
     checks.append(lease_margins_check(cfg))
     if cfg.transport != "servicebus" or client is None:
         checks.append(Check(name, "queue", "skip", "not a Service Bus poller, or no Service Bus connection"))

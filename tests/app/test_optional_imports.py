@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DRIVERS = ("psycopg", "psycopg2", "pymysql", "MySQLdb", "pyodbc")
+DRIVERS = ("psycopg", "psycopg2", "pymysql", "MySQLdb", "pyodbc", "pymysqlreplication")
 CLI_EXTRA = ("typer", "rich", "croniter", "proton", "cproton")
 PACKAGES = ("poller", "worker", "shared", "dbfanout", "sbemulator")
 
@@ -45,6 +45,14 @@ pk = ["id"]
 queue = "stream-changes"
 schedule = "*/5 * * * * *"
 handler = "handlers.orders:handle"
+
+[pollers.binlog]
+kind = "mysql_binlog"
+source_url = "mysql+pymysql://app@db/shop"
+tables = ["orders"]
+queue = "binlog-changes"
+schedule = "*/5 * * * * *"
+handler = "handlers.orders:handle"
 """
 
 
@@ -64,7 +72,7 @@ def test_the_deployed_app_imports_with_no_driver_and_no_cli_extra(tmp_path: Path
     (tmp_path / "dbfanout.toml").write_text(CONFIG)
     done = _run(
         """
-        import function_app, poller.sources, poller.runtime, poller.pg_logical, worker.functions
+        import function_app, poller.sources, poller.runtime, poller.pg_logical, poller.mysql_binlog, worker.functions
         import worker.consumer, worker.idempotency, worker.queue_consumer, shared
         from shared import HandlerContext, RowChange
         names = sorted(f.get_function_name() for f in function_app.app.get_functions())
@@ -74,7 +82,7 @@ def test_the_deployed_app_imports_with_no_driver_and_no_cli_extra(tmp_path: Path
         tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert "poll_stream" in done.stdout and "work_orders_changes" in done.stdout
+    assert "poll_stream" in done.stdout and "work_orders_changes" in done.stdout and "poll_binlog" in done.stdout
 
 
 def test_the_cli_starts_with_no_driver(tmp_path: Path) -> None:
@@ -110,6 +118,28 @@ def test_a_pg_logical_poller_without_psycopg_fails_its_start_with_the_fix(tmp_pa
     assert (
         'pollers.stream: kind = "pg_logical" needs psycopg 3: uncomment psycopg[binary] in requirements-drivers.txt'
         in done.stdout
+    )
+
+
+def test_a_mysql_binlog_poller_without_mysql_replication_fails_its_start_with_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "dbfanout.toml").write_text(CONFIG)
+    done = _run(
+        """
+        from shared.config import load_config
+        from poller.sources import open_source
+        from shared.errors import ConfigError
+        try:
+            open_source(load_config().poller("binlog"))
+        except ConfigError as exc:
+            print(exc)
+        """,
+        ("pymysqlreplication",),
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        'pollers.binlog: kind = "mysql_binlog" needs mysql-replication: uncomment mysql-replication (and pymysql) '
+        "in requirements-drivers.txt" in done.stdout
     )
 
 

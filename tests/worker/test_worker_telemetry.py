@@ -157,6 +157,7 @@ AGO = object()  # the event's commit time: 30, 31 or 32 s before the test runs, 
     ("kind", "changes", "field", "label"),
     [
         ("pg_logical", {"kind": "pg_logical"}, "committed_at", "pg_commit"),
+        ("mysql_binlog", {"kind": "mysql_binlog"}, "committed_at", "binlog_commit"),
         ("outbox", {"kind": "outbox"}, "committed_at", "outbox_created"),
         ("cursor", {"cursor_is_commit_time": True}, "cursor", "cursor"),
         ("read", {}, None, "read"),

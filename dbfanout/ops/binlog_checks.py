@@ -1,0 +1,162 @@
+"""``dbfanout validate`` for a ``kind = "mysql_binlog"`` poller: the binlog settings, retention,
+the replica server id, the grants, the tables, and a real replication stream.
+
+Every failed check says what to change; nothing is changed for the user (binlog settings are
+server parameters: on Azure Database for MySQL Flexible Server they are set in the portal or with
+``az mysql flexible-server parameter set``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+
+from dbfanout.ops.checks import Check
+from poller.engines import source_engine
+from poller.mysql_binlog import MysqlBinlogSource, qualified_tables
+from shared.config import PollerConfig
+
+__all__ = ["MIN_RETENTION_SECONDS", "binlog_checks"]
+
+#: Less binlog retention than this is a warning: a poller stopped for a weekend must find its binlog.
+MIN_RETENTION_SECONDS = 3 * 86400
+
+_SETTINGS = (
+    "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
+    "binlog_expire_logs_seconds", "expire_logs_days", "version",
+)  # fmt: skip
+_AZURE = "Azure Flexible Server: Server parameters in the portal, or az mysql flexible-server parameter set"
+_WANTED = {
+    "binlog_format": ("ROW", "row images are what the poller reads"),
+    "binlog_row_image": ("FULL", "updates and deletes carry the whole row (before images, every column)"),
+    "binlog_row_metadata": ("FULL", "each change carries its column names (MariaDB 10.5+, MySQL 8.0.1+)"),
+}
+
+
+def binlog_checks(cfg: PollerConfig, *, others: tuple[PollerConfig, ...] = ()) -> Iterator[Check]:
+    """The checks of one mysql_binlog poller (``others``: the config's other pollers, for server ids)."""
+    p = cfg.name
+    try:
+        with source_engine(cfg).connect() as conn:
+            names = ", ".join(f"'{n}'" for n in _SETTINGS)  # constants, not input
+            shown = conn.execute(sa.text(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})"))
+            values = {str(k).lower(): str(v) for k, v in shown}
+            if values.get("log_bin", "OFF").upper() != "ON":
+                yield Check(p, "log_bin", "fail", "the server writes no binary log: turn log_bin on and restart it "
+                            "(Azure Flexible Server has it on always)")  # fmt: skip
+                return
+            yield Check(p, "log_bin", "ok", "ON")
+            for name, (wanted, why) in _WANTED.items():
+                value = values.get(name)
+                if value is None:
+                    yield Check(p, name, "fail", f"the server has no {name} (needs MariaDB 10.5+ or MySQL 8.0.1+)")
+                elif value.upper() != wanted:
+                    yield Check(p, name, "fail", f"{name} is {value}: set it to {wanted} ({why}); {_AZURE}")
+                else:
+                    yield Check(p, name, "ok", wanted)
+            yield _retention_check(p, values)
+            yield from _server_id_checks(conn, cfg, values, others)
+            yield from _grant_checks(conn, p)
+            yield from _table_checks(conn, cfg)
+            conn.rollback()
+        yield from _stream_check(cfg)
+    except Exception as exc:  # a database error is a failed check, never a crash of validate
+        yield Check(p, "mysql_binlog", "fail", f"{type(exc).__name__}: {exc}")
+
+
+def _retention_check(p: str, values: dict[str, str]) -> Check:
+    seconds = int(float(values.get("binlog_expire_logs_seconds", "0") or 0))
+    if not seconds:
+        seconds = int(float(values.get("expire_logs_days", "0") or 0) * 86400)
+    fix = f"set binlog_expire_logs_seconds to at least {MIN_RETENTION_SECONDS} (longer than the poller may be stopped)"
+    if seconds == 0:
+        return Check(p, "binlog retention", "warn",
+                     "binlog_expire_logs_seconds is 0: self-managed servers keep binlogs until purged by hand, but "
+                     "Azure Flexible Server may delete a binlog as soon as no replica holds it, before a stopped "
+                     f"poller reads it; {fix}")  # fmt: skip
+    if seconds < MIN_RETENTION_SECONDS:
+        return Check(p, "binlog retention", "warn", f"binlogs are kept {seconds} s: a poller stopped longer "
+                     f"loses its place (an error, not a skip); {fix}")  # fmt: skip
+    return Check(p, "binlog retention", "ok", f"binlogs kept {seconds} s")
+
+
+def _server_id_checks(
+    conn: sa.Connection, cfg: PollerConfig, values: dict[str, str], others: tuple[PollerConfig, ...]
+) -> Iterator[Check]:
+    p, mine = cfg.name, cfg.server_id
+    fix = f"set pollers.{p}.server_id to a number no other server or replica of this source uses"
+    if str(mine) == values.get("server_id"):
+        yield Check(p, "server_id", "fail", f"server_id {mine} is the source server's own: {fix}")
+        return
+    same = [o.name for o in others if o.kind == "mysql_binlog" and o.name != p and o.server_id == mine]
+    if same:
+        yield Check(p, "server_id", "fail", f"server_id {mine} is also poller {', '.join(same)}'s "
+                    f"(the server drops one of two replica connections with one id): {fix}")  # fmt: skip
+        return
+    try:
+        replicas = [int(r[0]) for r in conn.execute(sa.text("SHOW SLAVE HOSTS"))]
+    except sa.exc.DBAPIError:  # MySQL 8.4: SHOW REPLICAS; neither is worth failing validate for
+        replicas = []
+    if mine in replicas:
+        yield Check(p, "server_id", "fail", f"a registered replica of the source uses server_id {mine}: {fix}")
+        return
+    yield Check(p, "server_id", "ok", f"{mine} (the poller's replica connection)")
+
+
+_GRANT = re.compile(r"^GRANT (.+?) ON \*\.\* TO", re.IGNORECASE)
+
+
+def _grant_checks(conn: sa.Connection, p: str) -> Iterator[Check]:
+    privileges: set[str] = set()
+    for (line,) in conn.execute(sa.text("SHOW GRANTS")):
+        match = _GRANT.match(str(line))
+        if match:
+            privileges |= {g.strip().upper() for g in match.group(1).split(",")}
+    if "ALL PRIVILEGES" in privileges:
+        yield Check(p, "grants", "ok", "ALL PRIVILEGES on *.*")
+        return
+    missing = []
+    if "REPLICATION SLAVE" not in privileges and "REPLICATION REPLICA" not in privileges:
+        missing.append("REPLICATION SLAVE")
+    if not privileges & {"REPLICATION CLIENT", "BINLOG MONITOR"}:
+        missing.append("REPLICATION CLIENT (MariaDB 10.5+: BINLOG MONITOR)")
+    if missing:
+        yield Check(p, "grants", "fail", f"the poller's user lacks {' and '.join(missing)} ON *.*: "
+                    "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO the user (MariaDB 10.5+: "
+                    "GRANT REPLICATION SLAVE, BINLOG MONITOR)")  # fmt: skip
+        return
+    named = privileges & {"REPLICATION SLAVE", "REPLICATION REPLICA", "REPLICATION CLIENT", "BINLOG MONITOR"}
+    yield Check(p, "grants", "ok", ", ".join(sorted(named)))
+
+
+def _table_checks(conn: sa.Connection, cfg: PollerConfig) -> Iterator[Check]:
+    for table in sorted(qualified_tables(cfg, sa.make_url(cfg.source_url).database)):
+        schema, _, name = table.partition(".")
+        row = conn.execute(
+            sa.text(
+                "SELECT EXISTS (SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = :s AND TABLE_NAME = :t),"
+                " EXISTS (SELECT 1 FROM information_schema.TABLE_CONSTRAINTS WHERE TABLE_SCHEMA = :s"
+                " AND TABLE_NAME = :t AND CONSTRAINT_TYPE = 'PRIMARY KEY')"
+            ),
+            {"s": schema, "t": name},
+        ).first()
+        if row is None or not row[0]:
+            yield Check(cfg.name, "table", "fail", f"table {table} does not exist")
+        elif not row[1] and not cfg.pk:
+            yield Check(cfg.name, "table", "fail", f"{table} has no primary key: add one, or set pk")
+        else:
+            yield Check(cfg.name, "table", "ok", f"{table}")
+
+
+def _stream_check(cfg: PollerConfig) -> Iterator[Check]:
+    """Open a replication stream at the binlog's end, as the poller's ticks do."""
+    source = MysqlBinlogSource(cfg)
+    try:
+        start = source.fetch(None, 1).advance
+        assert start is not None
+        source.fetch(start, 1)
+    finally:
+        source.close()
+    yield Check(cfg.name, "stream", "ok", f"read the binlog as replica {cfg.server_id}")

@@ -1,0 +1,337 @@
+"""The ``kind = "mysql_binlog"`` source: every change, hard deletes included, from the row-based binlog.
+
+MySQL and MariaDB write every committed row change to the binary log when ``binlog_format = ROW``
+(Azure Database for MySQL Flexible Server always does). This source reads it as a replica does,
+through the ``mysql-replication`` package (the extra ``dbfanout[mysql-binlog]``; see
+:mod:`poller.mysql_binlog_reader`), and delivers inserts, updates (before and after images) and
+deletes of the poller's tables in commit order, as the pg_logical source does.
+
+The tick's order keeps the at-least-once contract:
+
+1. ``fetch`` opens a replication stream at the checkpoint (MariaDB: its GTID state; MySQL: its
+   binlog file and offset), read up to the binlog's end as of then, skips what the checkpoint
+   covers (a transaction's rows up to its ``seq``), and returns up to a page of changes; the next
+   fetch of the tick goes on reading the same stream (a large transaction spans pages and ticks);
+2. the tick sends the page (event ids from the GTID and ``seq``: re-sends are duplicates);
+3. the tick commits the checkpoint (CAS, fencing); nothing needs acknowledging: the server keeps
+   the binlog for its retention time, not for this reader (``dbfanout validate`` checks it).
+
+The first fetch without a checkpoint starts at the binlog's end at that moment: changes committed
+after a poller's first tick are delivered. Snapshots of existing rows are not available for this
+kind yet (the config refuses ``snapshot``).
+
+Cost while idle: a stream is opened only when the binlog moved since the last read reached its
+end; an idle fetch is one ``SHOW MASTER STATUS`` on a pooled connection (no replication
+connection). A stream costs two connections (the replication one and the library's control one)
+and stays open until the tick ends: a lingering tick's next fetches read on from it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
+from typing import Any
+
+import sqlalchemy as sa
+
+from poller.engines import db_errors, require_driver, source_engine
+from poller.mysql_binlog_position import BinlogPosition, file_number
+from poller.ports import EventFields, Page, SourceRow
+from shared.config import PollerConfig
+from shared.errors import ConfigError, FetchError, SourceError
+from shared.ids import source_fingerprint
+from shared.logs import get_logger
+from shared.models import Checkpoint, Position
+from shared.settings import redact_url
+
+__all__ = ["MysqlBinlogSource", "qualified_tables"]
+
+log = get_logger("poller.mysql_binlog")
+
+#: Bytes of binlog read past the checkpoint with no change of the poller's tables after which an
+#: empty page still moves the checkpoint (so a poller of a quiet table is not left on a binlog
+#: file the server may purge, and a resume does not re-read the other tables' traffic).
+ADVANCE_BYTES = 1 << 20
+
+_MYSQL_ERRORS_PURGED = (1236,)  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the file or GTID is gone
+
+
+def qualified_tables(config: PollerConfig, database: str | None) -> frozenset[str]:
+    """The poller's tables as ``schema.table`` (an unqualified name is in the URL's database)."""
+    out = set()
+    for table in config.tables:
+        if "." not in table and not database:
+            raise ConfigError(
+                f"pollers.{config.name}.tables",
+                f"{table!r} has no schema and the source_url names no database",
+                hint='name it "shop.orders", or put the database in the URL (mysql+pymysql://user@host/shop)',
+            )
+        out.add(table if "." in table else f"{database}.{table}")
+    return frozenset(out)
+
+
+class MysqlBinlogSource:
+    """The :class:`~poller.ports.Source` port over a MySQL/MariaDB row-based binlog."""
+
+    def __init__(self, config: PollerConfig, engine: sa.Engine | None = None) -> None:
+        key = f"pollers.{config.name}"
+        if config.kind != "mysql_binlog":
+            raise ConfigError(f"{key}.kind", 'MysqlBinlogSource needs kind = "mysql_binlog"')
+        require_driver("pymysql", key, 'kind = "mysql_binlog"', label="pymysql")
+        # The replication package is optional too: checked (not imported) only when such a poller opens.
+        require_driver("pymysqlreplication", key, 'kind = "mysql_binlog"', label="mysql-replication")
+        self._config = config
+        self._engine = source_engine(config, engine)
+        if self._engine.dialect.name not in ("mysql", "mariadb"):
+            raise ConfigError(
+                f"{key}.kind", f'kind = "mysql_binlog" needs MySQL 8.0+ or MariaDB 10.5+ (this source is '
+                f"{self._engine.dialect.name})",
+            )  # fmt: skip
+        self._url = redact_url(config.source_url)
+        self._tables = qualified_tables(config, sa.make_url(config.source_url).database)
+        self._fingerprint = source_fingerprint(
+            {"url": self._url, "kind": "mysql_binlog", "tables": sorted(self._tables), "pk": list(config.pk)}
+        )
+        self._lock = threading.Lock()
+        self._reader: Any = None  # the open BinlogReader (poller.mysql_binlog_reader), if any
+        self._idle: tuple[BinlogPosition, tuple[str, int]] | None = None  # read to the end at: (after, end)
+        self._mariadb: bool | None = None
+        self.streams_opened = 0  # replication streams opened (tests and benchmarks read it)
+
+    # ------------------------------------------------------------------------------ the port
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def fetch(self, after: Position | None, limit: int) -> Page:
+        with self._lock, self._db_errors("fetch"):
+            return self._fetch(after, limit)
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """A tick's fetches read one stream; it is closed when the tick ends (no socket is left
+        unread between ticks, where the server would time it out)."""
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._close_reader()
+
+    def acknowledge(self, checkpoint: Checkpoint) -> None:
+        """Nothing to do: the server keeps its binlog for its retention time, not for a reader."""
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_reader()
+
+    # ------------------------------------------------------------------------------ operator surface
+
+    def binlog_status(self, after: Position | None) -> dict[str, Any]:
+        """Where the checkpoint stands in the binlog, and how much binlog is after it (``status``)."""
+        with self._db_errors("status"), self._engine.connect() as conn:
+            logs = [(str(r[0]), int(r[1])) for r in conn.execute(sa.text("SHOW BINARY LOGS"))]
+            end = _binlog_end(conn, self._config.name)
+            conn.rollback()
+        at = BinlogPosition.from_position(after) if after is not None else None
+        behind = None
+        if at is not None:
+            sizes = {file_number(name): size for name, size in logs}
+            behind = sum(size for n, size in sizes.items() if n > at.file_number)
+            behind += max(sizes.get(at.file_number, 0) - at.txn_pos, 0)
+        mib = 1024 * 1024
+        return {
+            "checkpoint_at": str(at) if at is not None else None,
+            "binlog_end": f"{end[0]}:{end[1]}",
+            "oldest_binlog": logs[0][0] if logs else None,
+            "lag_bytes": behind,
+            "lag": f"{behind / mib:.1f} MiB of binlog" if behind is not None else "-",
+        }
+
+    # ------------------------------------------------------------------------------ reading
+
+    def _fetch(self, after: Position | None, limit: int) -> Page:
+        start = BinlogPosition.from_position(after) if after is not None else None
+        reader = self._reader
+        read_to_end = self._idle is not None and start is not None and self._idle[0] == start
+        if reader is not None and reader.at_end and read_to_end:
+            # The tick's stream read to the end, and this fetch starts there: the same stream reads
+            # on (the server pushed what came since) up to the new end, or nothing when none.
+            now = self._binlog_end_now()
+            if now == reader.end:
+                return Page([])
+            reader.extend(now)
+        elif reader is not None and (start is None or reader.handed != start or reader.at_end):
+            self._close_reader()
+            reader = None
+        if reader is None:
+            if start is None:  # the first start: from the binlog's end now
+                here = self._current()
+                log.info("poller %s: no checkpoint yet: reading the binlog from %s", self._config.name, here)
+                return Page([], advance=here.to_position())
+            if read_to_end and self._idle_still():
+                return Page([])
+            reader = self._open(start)
+        try:
+            changes = reader.read(limit)
+        except BaseException:
+            self._close_reader()
+            raise
+        rows = [_row(c) for c in changes]
+        advance = None
+        if not rows and start is not None and self._far(start, reader.position):
+            advance = reader.position.to_position()
+        if reader.at_end:  # the stream stays open until the tick ends (a lingering tick reads on)
+            end = rows[-1].position if rows else advance or after
+            assert end is not None
+            self._idle = (BinlogPosition.from_position(end), reader.end)
+        else:
+            self._idle = None
+        return Page(rows, advance=advance)
+
+    def _far(self, start: BinlogPosition, now: BinlogPosition) -> bool:
+        """Whether an empty page should still move the checkpoint from ``start`` to ``now``."""
+        if now.file_number != start.file_number:
+            return True
+        return now.txn_pos - start.txn_pos >= ADVANCE_BYTES
+
+    def _open(self, start: BinlogPosition) -> Any:
+        from poller.mysql_binlog_reader import BinlogReader  # an optional package: see the module doc
+
+        until = self._check_retained(start)
+        _args, kwargs = self._engine.dialect.create_connect_args(self._engine.url)
+        connection = {**kwargs, "connect_timeout": 10}
+        connection.pop("client_flag", None)
+        reader = BinlogReader(
+            connection,
+            self._config.server_id,
+            self._tables,
+            start,
+            until,
+            by_gtid=bool(self._is_mariadb()),
+            pk=self._config.pk,
+        )
+        self._reader = reader
+        self.streams_opened += 1
+        return reader
+
+    def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with suppress(Exception):  # a broken stream has nothing left to close cleanly
+                reader.close()
+
+    # ------------------------------------------------------------------------------ the server
+
+    def _current(self) -> BinlogPosition:
+        """The binlog's end now, with MariaDB's GTID state at that very position."""
+        with self._engine.connect() as conn:
+            file, pos = _binlog_end(conn, self._config.name)
+            state = None
+            if self._is_mariadb(conn):
+                state = conn.execute(sa.text("SELECT BINLOG_GTID_POS(:f, :p)"), {"f": file, "p": pos}).scalar()
+            conn.rollback()
+        return BinlogPosition.at(file, pos, gtid_state=state if state is not None else None)
+
+    def _idle_still(self) -> bool:
+        """Whether the binlog's end is where the last read found it (nothing new: no stream)."""
+        assert self._idle is not None
+        return self._binlog_end_now() == self._idle[1]
+
+    def _binlog_end_now(self) -> tuple[str, int]:
+        with self._engine.connect() as conn:
+            end = _binlog_end(conn, self._config.name)
+            conn.rollback()
+        return end
+
+    def _is_mariadb(self, conn: sa.Connection | None = None) -> bool:
+        if self._mariadb is None:
+            if conn is None:
+                with self._engine.connect() as own:
+                    return self._is_mariadb(own)
+            version = str(conn.execute(sa.text("SELECT VERSION()")).scalar())
+            self._mariadb = "mariadb" in version.lower()
+        return self._mariadb
+
+    def _check_retained(self, start: BinlogPosition) -> tuple[str, int]:
+        """The binlog's end now (where the stream opened next reads to). A checkpoint whose
+        binlog file the server no longer has is an error, never a skip."""
+        with self._engine.connect() as conn:
+            files = [str(r[0]) for r in conn.execute(sa.text("SHOW BINARY LOGS"))]
+            end = _binlog_end(conn, self._config.name)
+            conn.rollback()
+        if not files:
+            raise SourceError(
+                f"poller {self._config.name}: the server at {self._url} has no binary logs (log_bin off?)"
+            )
+        numbers = [file_number(f) for f in files]
+        if start.file_number < min(numbers):
+            raise SourceError(
+                f"poller {self._config.name}: the checkpoint's binlog position {start} was purged "
+                f"(the oldest binlog on {self._url} is {files[0]}): changes after it are lost to this poller",
+                hint="raise the binlog retention (binlog_expire_logs_seconds) so it cannot happen again; then "
+                "`dbfanout checkpoint reset` the poller (it resumes at the binlog's end) and reload the tables' "
+                "rows yourself (snapshots are not available for mysql_binlog yet); see docs/operations.md",
+            )
+        return end
+
+    def _db_errors(self, op: str) -> AbstractContextManager[None]:
+        return _binlog_errors(f"poller {self._config.name}: {op} from the binlog at {self._url}", self._config)
+
+
+def _binlog_end(conn: sa.Connection, poller: str) -> tuple[str, int]:
+    try:
+        row = conn.execute(sa.text("SHOW MASTER STATUS")).first()
+    except sa.exc.ProgrammingError:  # MySQL 8.4 renamed it
+        row = conn.execute(sa.text("SHOW BINARY LOG STATUS")).first()
+    if row is None:
+        raise SourceError(
+            f"poller {poller}: the server writes no binary log",
+            hint="turn log_bin on (MariaDB: log_bin in the server's config; Azure Flexible Server: always on)",
+        )
+    return str(row[0]), int(row[1])
+
+
+@contextmanager
+def _binlog_errors(context: str, config: PollerConfig) -> Iterator[None]:
+    """SQLAlchemy's errors as :func:`poller.engines.db_errors` maps them; the replication
+    connection's (pymysql's own) as FetchError, or SourceError when the binlog is gone."""
+    import pymysql
+
+    with db_errors(context, config.source_url):
+        try:
+            yield
+        except pymysql.err.OperationalError as exc:
+            code = exc.args[0] if exc.args else None
+            message = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+            if code in _MYSQL_ERRORS_PURGED:
+                raise SourceError(
+                    f"{context}: the server cannot send the binlog from the checkpoint: {message}",
+                    hint="the binlog at the checkpoint was purged (raise binlog_expire_logs_seconds), or the "
+                    "GTID state is unknown to this server; `dbfanout checkpoint reset` the poller and reload "
+                    "the tables' rows; see docs/operations.md",
+                ) from exc
+            raise FetchError(f"{context} failed: {message}") from exc
+        except pymysql.err.MySQLError as exc:
+            raise FetchError(f"{context} failed: {exc}") from exc
+
+
+def _row(c: Any) -> SourceRow:
+    """A :class:`~poller.mysql_binlog_reader.BinlogChange` as the row a page carries."""
+    image = c.before if c.kind == "delete" else c.after
+    missing = [p for p in c.pk if p not in image]
+    if missing:
+        raise SourceError(
+            f"{c.kind} on {c.table} at {c.position} lacks key column(s) {missing}",
+            hint="set pk to columns of the table (or drop pk: each table's primary key is used)",
+        )
+    fields = EventFields(
+        pk={p: image[p] for p in c.pk},
+        cursor=c.position.event_cursor(),
+        change=c.kind,
+        before=c.before,
+        table=c.table,
+        committed_at=c.committed_at,
+    )
+    return SourceRow(c.position.to_position(), dict(c.after or {}), c.kind == "delete", fields)
