@@ -77,8 +77,10 @@ def settle_bus(
         action = receiver.complete_message if error is None else receiver.abandon_message
         try:
             action(msg)
-        except (ServiceBusError, OSError) as exc:
+        except (ServiceBusError, OSError, ValueError) as exc:
             # The lock is gone (expired, link dropped): the broker redelivers; handlers are idempotent.
+            # ValueError: the SDK's word for a receiver it shut down after a lost connection (and for a
+            # message already settled); the pump reopens its receiver, so neither may end the caller.
             log.warning("settlement failed; the message will be redelivered", extra={**keys, "error": repr(exc)})
             continue
         settled += 1

@@ -142,6 +142,11 @@ class QueueRunner(TriggerRunner[_Invocation]):
                     # The receiver broke (connection lost, entity missing): reopen after a pause.
                     log.warning("receiver failed; reopening", extra=ids(queue=self.queue, error=repr(exc)))
                     self._stop.wait(2.0)
+                except Exception:
+                    # Anything else must not end the trigger's thread: a dead pump delivers nothing again
+                    # while the poller keeps sending (as the Functions host restarts a listener).
+                    log.exception("receiver loop failed; reopening", extra=ids(queue=self.queue))
+                    self._stop.wait(2.0)
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
             client.close()

@@ -13,11 +13,13 @@ from azure.servicebus import (
     ServiceBusReceiver,
     ServiceBusSubQueue,
 )
+from azure.servicebus.exceptions import ServiceBusError
 from azure.storage.queue import QueueClient, QueueServiceClient
 
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.support.azurite import Azurite
+from tests.support.faultproxy import FaultProxy
 from tests.support.ports import wait_until
 from worker.settlement import CRASH_MARGIN, Settle, decide, settle_bus, settle_queue, split_first
 
@@ -117,6 +119,29 @@ def test_a_lost_lock_is_reported_not_raised(servicebus: Emulator) -> None:
             wait_until(lambda: msg._lock_expired, 30, "the lock to expire")
             # the broker redelivers it; settlement says so instead of failing the caller
             assert settle_bus(receiver, [msg], None) == 0
+
+
+@pytest.mark.integration
+def test_a_receiver_shut_down_by_a_lost_connection_is_reported_not_raised(servicebus: Emulator) -> None:
+    # Given a message received through a connection that then breaks (the SDK shuts the receiver down)
+    queue = unique_queue(servicebus, "settle")
+    proxy = FaultProxy(servicebus.port)
+    connection = servicebus.connection_string.replace(f":{servicebus.port};", f":{proxy.port};")
+    try:
+        with ServiceBusClient.from_connection_string(connection, retry_total=0) as client:
+            with client.get_queue_sender(queue) as sender:
+                sender.send_messages(ServiceBusMessage(b"x", message_id="m-1"))
+            receiver = client.get_queue_receiver(queue)
+            with receiver:
+                (msg,) = _receive(receiver, 1)
+                proxy.go_down()
+                with pytest.raises(ServiceBusError):
+                    receiver.receive_messages(max_message_count=1, max_wait_time=1)
+                # When the finished call is settled on it (dbfanout run's pump did, and its thread died)
+                # Then settlement reports it (the broker redelivers after the lock) instead of raising
+                assert settle_bus(receiver, [msg], None) == 0
+    finally:
+        proxy.close()
 
 
 def _receive(receiver: ServiceBusReceiver, n: int) -> list[ServiceBusReceivedMessage]:
