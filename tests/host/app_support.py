@@ -134,6 +134,21 @@ transport = "{transport}"
         return app
 
 
+def pg_logical_app(root: Path, *, queue: str, storage: str, servicebus: str, table: Any, poller_toml: str) -> AppDir:
+    """An app folder whose one poller ``orders`` is ``kind = "pg_logical"`` over ``table`` (a
+    :class:`tests.poller.pg_logical_support.LogicalTable`), delivering to ``queue`` with the example
+    handler, on a 1 s schedule. ``poller_toml``: its other keys (batch size, lease, snapshot, ...)."""
+    app = AppDir.create(root, queue=queue, storage=storage, servicebus=servicebus, source_url=table.url)
+    cfg = table.config
+    (root / "dbfanout.toml").write_text(
+        f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "pg_logical"\n'
+        f'source_url = "${{ORDERS_DB_URL}}"\ntables = ["{table.name}"]\nslot = "{cfg.slot}"\n'
+        f'publication = "{cfg.publication}"\nsignal_table = "{cfg.signal_table}"\n{poller_toml}'
+        f'schedule = "*/1 * * * * *"\nqueue = "{queue}"\nhandler = "handlers.example:handle"\n'
+    )
+    return app
+
+
 def _subscription_tables(subscriptions: Mapping[str, Mapping[str, str | int]]) -> str:
     """``[pollers.orders.subscriptions.NAME]`` tables (JSON strings and integers are TOML values)."""
     return "\n".join(

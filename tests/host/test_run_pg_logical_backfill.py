@@ -15,7 +15,7 @@ import pytest
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from tests.conftest import FULL
-from tests.host.app_support import AppDir, HostProcess, Target, wait_for
+from tests.host.app_support import HostProcess, Target, pg_logical_app, wait_for
 from tests.poller.pg_logical_support import logical_table
 from tests.support.azurite import Azurite
 
@@ -31,20 +31,12 @@ def test_a_fresh_host_whose_first_change_is_a_huge_transaction_delivers_all_of_i
     with logical_table(pg_logical_url) as table:
         # Given one transaction of ROWS rows committed before the host ever ran
         table.sql(f"INSERT INTO {{t}} (id, v, n) SELECT g, repeat('x', {WIDTH}), 0 FROM generate_series(1, {ROWS}) g")
-        cfg = table.config
         queue = unique_queue(servicebus, "backfill", requires_duplicate_detection=True, lock_duration="PT30S")
-        app = AppDir.create(
+        app = pg_logical_app(
             tmp_path / "app", queue=queue, storage=azurite.connection_string,
-            servicebus=servicebus.connection_string, source_url=table.url,
+            servicebus=servicebus.connection_string, table=table,
+            poller_toml="batch_size = 1000\nmax_batches_per_tick = 20\nlease_ttl_seconds = 30\n",
         )  # fmt: skip
-        (app.root / "dbfanout.toml").write_text(
-            f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "pg_logical"\n'
-            f'source_url = "${{ORDERS_DB_URL}}"\ntables = ["{table.name}"]\nslot = "{cfg.slot}"\n'
-            f'publication = "{cfg.publication}"\nsignal_table = "{cfg.signal_table}"\n'
-            "batch_size = 1000\nmax_batches_per_tick = 20\n"
-            f'lease_ttl_seconds = 30\nschedule = "*/1 * * * * *"\nqueue = "{queue}"\n'
-            'handler = "handlers.example:handle"\n'
-        )
         target = Target(app.root / "target.db")
         host = HostProcess(app)
         try:

@@ -24,7 +24,7 @@ from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.models import Position
 from shared.settings import StorageConnection
-from tests.host.app_support import AppDir, HostProcess, Target, wait_for
+from tests.host.app_support import HostProcess, Target, pg_logical_app, wait_for
 from tests.poller.lost_slot_support import LOSSY_SETTINGS, lose_slot, wal_status
 from tests.poller.pg_logical_support import LogicalTable
 from tests.support.azurite import Azurite
@@ -66,18 +66,12 @@ def test_dbfanout_run_recovers_a_lost_slot_unattended_and_the_target_equals_the_
     table.create()
     cfg = table.config
     queue = unique_queue(servicebus, "lost", requires_duplicate_detection=True, lock_duration="PT30S")
-    app = AppDir.create(
+    app = pg_logical_app(
         tmp_path / "app", queue=queue, storage=azurite.connection_string,
-        servicebus=servicebus.connection_string, source_url=table.url,
+        servicebus=servicebus.connection_string, table=table,
+        poller_toml='on_lost_position = "resnapshot"\nsnapshot_chunk_size = 50\nbatch_size = 50\n'
+        "lease_ttl_seconds = 10\n",
     )  # fmt: skip
-    (app.root / "dbfanout.toml").write_text(
-        f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "pg_logical"\n'
-        f'source_url = "${{ORDERS_DB_URL}}"\ntables = ["{table.name}"]\nslot = "{cfg.slot}"\n'
-        f'publication = "{cfg.publication}"\nsignal_table = "{cfg.signal_table}"\n'
-        'on_lost_position = "resnapshot"\nsnapshot_chunk_size = 50\nbatch_size = 50\n'
-        f'lease_ttl_seconds = 10\nschedule = "*/1 * * * * *"\nqueue = "{queue}"\n'
-        'handler = "handlers.example:handle"\n'
-    )
     store = open_state_store(
         StorageConnection(connection_string=azurite.connection_string), "db-state", app.app_name, "orders"
     )

@@ -24,7 +24,7 @@ from sbemulator.testing import unique_queue
 from shared.models import SnapshotState
 from shared.settings import StorageConnection
 from tests.conftest import FULL
-from tests.host.app_support import AppDir, HostProcess, Target, wait_for
+from tests.host.app_support import HostProcess, Target, pg_logical_app, wait_for
 from tests.poller.pg_logical_support import LogicalTable, logical_table
 from tests.support.azurite import Azurite
 
@@ -77,18 +77,12 @@ def test_a_snapshot_under_dbfanout_run_with_writes_on_its_chunk_and_two_kills_re
             f" FOR EACH ROW EXECUTE FUNCTION {slow}()",
         )
         queue = unique_queue(servicebus, "snap", requires_duplicate_detection=True, lock_duration="PT30S")
-        app = AppDir.create(
+        app = pg_logical_app(
             tmp_path / "app", queue=queue, storage=azurite.connection_string,
-            servicebus=servicebus.connection_string, source_url=table.url,
+            servicebus=servicebus.connection_string, table=table,
+            poller_toml=f'snapshot = "initial"\nsnapshot_chunk_size = {CHUNK}\nbatch_size = {CHUNK}\n'
+            "max_batches_per_tick = 20\nlease_ttl_seconds = 10\n",
         )  # fmt: skip
-        (app.root / "dbfanout.toml").write_text(
-            f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "pg_logical"\n'
-            f'source_url = "${{ORDERS_DB_URL}}"\ntables = ["{table.name}"]\nslot = "{cfg.slot}"\n'
-            f'publication = "{cfg.publication}"\nsignal_table = "{cfg.signal_table}"\nsnapshot = "initial"\n'
-            f"snapshot_chunk_size = {CHUNK}\nbatch_size = {CHUNK}\nmax_batches_per_tick = 20\n"
-            f'lease_ttl_seconds = 10\nschedule = "*/1 * * * * *"\nqueue = "{queue}"\n'
-            'handler = "handlers.example:handle"\n'
-        )
         store = open_state_store(
             StorageConnection(connection_string=azurite.connection_string), "db-state", app.app_name, "orders"
         )
