@@ -12,7 +12,7 @@ import azure.functions as func
 from poller.runtime import Runtimes
 from poller.tick_summary import TickSummary
 from shared.config import Config
-from shared.errors import PositionLostError
+from shared.errors import PositionLostError, SchemaChangeError
 from shared.logs import get_logger, ids
 from shared.scrub import scrubbed_errors
 from shared.telemetry import metrics
@@ -57,7 +57,8 @@ def next_occurrence(timer: func.TimerRequest) -> dt.datetime | None:
 
 class _LastingCondition:
     """A tick error that stays until an operator acts (:class:`PositionLostError`: the source's log
-    lost the changes after the checkpoint).
+    lost the changes after the checkpoint; :class:`SchemaChangeError`: a migration changed the cursor
+    or a key column).
 
     Logged once per state at ERROR, without a traceback, and once more when it ends; the timer
     returns instead of raising (the host would log a traceback at every firing). No success is
@@ -68,7 +69,7 @@ class _LastingCondition:
         self.poller = poller
         self._text: str | None = None
 
-    def failed(self, error: PositionLostError) -> None:
+    def failed(self, error: PositionLostError | SchemaChangeError) -> None:
         text = str(error)
         if text != self._text:
             log.error("%s", text, extra=ids(poller=self.poller, error=type(error).__name__))
@@ -78,7 +79,7 @@ class _LastingCondition:
 
     def ran(self) -> None:
         if self._text is not None:
-            log.info("the source's position is readable again; delivering", extra=ids(poller=self.poller))
+            log.info("the source is readable again; delivering", extra=ids(poller=self.poller))
             self._text = None
 
 
@@ -91,7 +92,7 @@ def _timer(runtimes: Runtimes, poller: str) -> Callable[[func.TimerRequest], Non
         with scrubbed_errors():  # the host logs what leaves a function verbatim
             try:
                 result = runtimes.get(poller).tick(next_occurrence(timer))
-            except PositionLostError as exc:
+            except (PositionLostError, SchemaChangeError) as exc:
                 lasting.failed(exc)
                 return
         lasting.ran()
