@@ -79,7 +79,7 @@ def demo(
     from dbfanout.demo.view import LiveView, render_summary
 
     stderr = Console(stderr=True)
-    view = LiveView(stderr, live=stderr.is_terminal and not json_out)
+    view = LiveView(stderr, live=stderr.is_terminal and not json_out, hard_deletes=source != "keyset")
     previous = signal.signal(signal.SIGTERM, _interrupt)
     # A shell that started us in the background may have set SIGINT to "ignore": Ctrl-C (or
     # kill -INT) must still stop the demo cleanly.

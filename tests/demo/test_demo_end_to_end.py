@@ -190,6 +190,7 @@ def test_demo_with_the_mysql_binlog_source_delivers_hard_deletes_as_deletes_exac
         assert summary["dlq"]["replayed"] >= 1 and summary["dlq"]["left"] == 0
         # And each hard delete reached the handler as a delete: the target's version table marks
         # exactly the deleted keys as deleted (a delete lost or delivered as an update would not)
+        assert check["deletes_applied"] == written["delete"]
         target = sa.create_engine(f"sqlite:///{Path(folder) / 'app' / 'target.db'}")
         deleted = sum(1 for _, gone in read_target(target).versions.values() if gone)
         target.dispose()
