@@ -63,13 +63,21 @@ class MysqlDemoSource:
         if missing:
             raise ServiceError(f"--source mysql-binlog needs {' and '.join(missing)}: "
                                "pip install 'dbfanout[mysql-binlog]'")  # fmt: skip
+        try:
+            dialect = sa.make_url(self.admin_url).get_dialect().name
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError):
+            dialect = None
+        if dialect not in ("mysql", "mariadb"):
+            raise ServiceError(f"--mysql-url must be a MariaDB/MySQL SQLAlchemy URL such as {DEFAULT_MYSQL_URL} "
+                               f"(got {redact_url(self.admin_url)})")  # fmt: skip
         where = f"the server at {redact_url(sa.make_url(self.admin_url).render_as_string())}"
         self._admin = sa.create_engine(self.admin_url, connect_args={"connect_timeout": 5})
         try:
             with self._admin.connect() as conn:
                 conn.execute(sa.text("SELECT 1"))
         except sa.exc.SQLAlchemyError as exc:
-            raise ServiceError(f"--source mysql-binlog: {where} is not reachable ({type(exc).__name__}); "
+            why = redact_url(str(getattr(exc, "orig", None) or exc).splitlines()[0][:200])
+            raise ServiceError(f"--source mysql-binlog: cannot connect to {where} ({why}); "
                                f"point --mysql-url (or {MYSQL_URL_SETTING}) at a MariaDB or MySQL "
                                f"with {_SERVER_SETTINGS}") from None  # fmt: skip
         failed = [check for check in binlog_checks(self._check_config()) if check.status == "fail"]
