@@ -71,7 +71,8 @@ class DemoOptions:
     rate: float = 50.0
     keep: bool = False
     seed: int | None = None
-    source: str = "keyset"  # or "outbox": hard deletes through an outbox table; "pg-logical": a slot
+    source: str = "keyset"  # or "outbox": hard deletes through an outbox table; "pg-logical": a slot;
+    # "mysql-binlog": the binlog
     pg_url: str | None = None  # --source pg-logical: the PostgreSQL to use
     mysql_url: str | None = None  # --source mysql-binlog: the MariaDB/MySQL to use
     topic: bool = False  # a topic with two subscriptions (replica: poisoned and replayed; audit)
