@@ -32,7 +32,9 @@ def demo(
             "--source",
             help="keyset: poll the orders table (soft deletes); outbox: hard deletes, every change through an "
             "outbox table (docs/outbox.md); pg-logical: hard deletes, every change from a PostgreSQL "
-            "replication slot (needs a reachable PostgreSQL with wal_level = logical: --pg-url)",
+            "replication slot (needs a reachable PostgreSQL with wal_level = logical: --pg-url); mysql-binlog: hard "
+            "deletes, every change from a MariaDB/MySQL binlog (needs a reachable server with log_bin on, "
+            "binlog_format = ROW and full row images and metadata: --mysql-url)",
         ),
     ] = "keyset",
     pg_url: Annotated[
@@ -42,6 +44,15 @@ def demo(
             envvar="DBFANOUT_DEMO_PG_URL",
             help="--source pg-logical: SQLAlchemy URL of the PostgreSQL to use "
             "(default postgresql+psycopg://postgres@127.0.0.1:5432/postgres)",
+        ),
+    ] = None,
+    mysql_url: Annotated[
+        str | None,
+        typer.Option(
+            "--mysql-url",
+            envvar="DBFANOUT_DEMO_MYSQL_URL",
+            help="--source mysql-binlog: SQLAlchemy URL of the MariaDB/MySQL to use "
+            "(default mysql+pymysql://root@127.0.0.1:3306/)",
         ),
     ] = None,
     topic: Annotated[
@@ -59,8 +70,8 @@ def demo(
     Exits 0 only when the target table matches the source exactly.
     """
     # Loaded here, not at import: the demo pulls in the emulator, the SDKs and the host.
-    if source not in ("keyset", "outbox", "pg-logical"):
-        fail(f"--source must be keyset, outbox or pg-logical (got {source!r})", EXIT_USAGE)
+    if source not in ("keyset", "outbox", "pg-logical", "mysql-binlog"):
+        fail(f"--source must be keyset, outbox, pg-logical or mysql-binlog (got {source!r})", EXIT_USAGE)
     if topic and source != "keyset":
         fail("--topic runs with --source keyset (the default)", EXIT_USAGE)
     from dbfanout.demo import DemoOptions, run_demo
@@ -68,14 +79,15 @@ def demo(
     from dbfanout.demo.view import LiveView, render_summary
 
     stderr = Console(stderr=True)
-    view = LiveView(stderr, live=stderr.is_terminal and not json_out)
+    view = LiveView(stderr, live=stderr.is_terminal and not json_out, hard_deletes=source != "keyset")
     previous = signal.signal(signal.SIGTERM, _interrupt)
     # A shell that started us in the background may have set SIGINT to "ignore": Ctrl-C (or
     # kill -INT) must still stop the demo cleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with view:
-            options = DemoOptions(duration=duration, rate=rate, keep=keep, source=source, pg_url=pg_url, topic=topic)
+            options = DemoOptions(duration=duration, rate=rate, keep=keep, source=source, pg_url=pg_url,
+                                  mysql_url=mysql_url, topic=topic)  # fmt: skip
             summary = run_demo(options, view.show)
     except KeyboardInterrupt:
         stderr.print("[yellow]interrupted: every process the demo started has been stopped[/]")

@@ -16,6 +16,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dbfanout.demo.handler import FIX_SETTING
+from dbfanout.demo.mysql_source import MysqlDemoSource
 from dbfanout.demo.pg_source import PgDemoSource
 from dbfanout.demo.services import ServiceError, project_root
 from shared.outbox import create_outbox
@@ -126,6 +127,19 @@ handler = "dbfanout.demo.handler:handle_pg_logical"
 """
 )
 
+# ``dbfanout demo --source mysql-binlog``: the orders table on MariaDB/MySQL, every change (hard deletes
+# included) read from the binlog (dbfanout.demo.mysql_source creates and drops its database). No
+# snapshot: the kind has none yet.
+MYSQL_BINLOG_CONFIG_TEMPLATE = (
+    _POLLER_TEMPLATE
+    + """\
+kind = "mysql_binlog"
+tables = ["{table}"]
+server_id = {server_id}
+handler = "dbfanout.demo.handler:handle_mysql_binlog"
+"""
+)
+
 
 def sqlite_engine(path: Path | str) -> sa.Engine:
     """An engine on a WAL-mode SQLite file (a path or a ``sqlite:///`` URL), so readers never block
@@ -177,13 +191,19 @@ def config_text(
     outbox: bool = False,
     topic: bool = False,
     pg_logical: PgDemoSource | None = None,
+    mysql_binlog: MysqlDemoSource | None = None,
 ) -> str:
     """The demo's ``dbfanout.toml`` (``queue`` names the topic with ``topic=True``)."""
+    names: dict[str, object] = {}
     if topic:
         template = TOPIC_CONFIG_TEMPLATE
+    elif pg_logical:
+        template, names = PG_LOGICAL_CONFIG_TEMPLATE, {"table": pg_logical.table, "slot": pg_logical.name}
+    elif mysql_binlog:
+        template = MYSQL_BINLOG_CONFIG_TEMPLATE
+        names = {"table": mysql_binlog.table, "server_id": mysql_binlog.server_id}
     else:
-        template = PG_LOGICAL_CONFIG_TEMPLATE if pg_logical else OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
-    names = {"table": pg_logical.table, "slot": pg_logical.name} if pg_logical else {}
+        template = OUTBOX_CONFIG_TEMPLATE if outbox else CONFIG_TEMPLATE
     return template.format(
         app_name=app_name,
         entity="topic" if topic else "queue",
@@ -222,19 +242,20 @@ class DemoApp:
         outbox: bool = False,
         topic: bool = False,
         pg_logical: PgDemoSource | None = None,
+        mysql_binlog: MysqlDemoSource | None = None,
         app_name: str | None = None,
     ) -> DemoApp:
         """Write the folder, create the source table and prepare the target database."""
-        source_url = pg_logical.url if pg_logical else None
+        source_url = pg_logical.url if pg_logical else mysql_binlog.url if mysql_binlog else None
         settings = {
             **app_settings(root, storage=storage, servicebus=servicebus, source_url=source_url),
             FIX_SETTING: str(root / "handler-fixed"),
         }
         write_app_folder(root, settings)
         app = cls(root, queue, settings) if app_name is None else cls(root, queue, settings, app_name)
-        app.config_file.write_text(
-            config_text(app.app_name, queue, batch_size=batch_size, outbox=outbox, topic=topic, pg_logical=pg_logical)
-        )
+        text = config_text(app.app_name, queue, batch_size=batch_size, outbox=outbox, topic=topic,
+                           pg_logical=pg_logical, mysql_binlog=mysql_binlog)  # fmt: skip
+        app.config_file.write_text(text)
         engine = sqlite_engine(app.source_db)
         with engine.begin() as conn:
             conn.exec_driver_sql(SOURCE_DDL)

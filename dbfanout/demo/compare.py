@@ -51,6 +51,9 @@ class Comparison:
     resurrected: tuple[int, ...]  # deleted in the source, still in the target
     unknown: tuple[int, ...]  # in the target, never in the source
     versions_behind: tuple[int, ...]  # applied version or deleted flag is not the source's latest
+    # Keys the target's version table marks deleted: with hard deletes (nothing left in the source
+    # to compare), the deletes that reached the handler as deletes.
+    deletes_applied: int = 0
 
     @property
     def ok(self) -> bool:
@@ -74,6 +77,7 @@ class Comparison:
             "live_rows": self.live_rows,
             "deleted_rows": self.deleted_rows,
             "target_rows": self.target_rows,
+            "deletes_applied": self.deletes_applied,
             "mismatches": mismatches,
         }
 
@@ -105,6 +109,7 @@ def compare(
         resurrected=tuple(resurrected),
         unknown=tuple(unknown),
         versions_behind=tuple(behind),
+        deletes_applied=sum(1 for _, gone in target.versions.values() if gone),
     )
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "as_versioned_change",
     "handle",
     "handle_audit",
+    "handle_mysql_binlog",
     "handle_outbox",
     "handle_pg_logical",
     "is_fixed",
@@ -84,6 +85,12 @@ def as_row_change(event: RowChange) -> RowChange:
 def handle_pg_logical(events: list[RowChange], context: HandlerContext) -> None:
     """The ``--source pg-logical`` demo: slot events (hard deletes with the old row as ``before``,
     the table has REPLICA IDENTITY FULL) replicated like row events, ordered by the row's version."""
+    handle([as_versioned_change(e) for e in events], context)
+
+
+def handle_mysql_binlog(events: list[RowChange], context: HandlerContext) -> None:
+    """The ``--source mysql-binlog`` demo: binlog events (hard deletes with the old row as ``before``:
+    ``binlog_row_image = FULL``) replicated like the slot's, ordered by the row's version."""
     handle([as_versioned_change(e) for e in events], context)
 
 

@@ -1,7 +1,8 @@
 """What the live view shows, read from the pipeline's own records.
 
 * enqueued: the poller's committed checkpoint in its state blob (the cursor is the writer's
-  version, so it counts the changes handed to Service Bus);
+  version, so it counts the changes handed to Service Bus; a slot's commit LSN or a binlog
+  position is mapped back to versions by the writer);
 * handled / distinct / duplicates: the example handler's processed-events and duplicates tables;
 * queue and DLQ depth: the in-process emulator (``--topic``: summed over the subscriptions);
 * ``--topic``: the audit subscription's record (events it was given, and how many more than once);
@@ -22,6 +23,7 @@ from azure.storage.blob import BlobServiceClient
 from dbfanout.demo.handler import AUDIT_TABLE
 from dbfanout.demo.writer import SourceWriter
 from dbfanout.ops.status import snapshot_progress
+from poller.mysql_binlog_position import BinlogPosition
 from sbemulator import Emulator
 from sbemulator.config import subscription_path
 from shared.codec import decode_state
@@ -82,6 +84,7 @@ class Probe:
         emulator: Emulator,
         target: sa.Engine,
         subscriptions: tuple[str, ...] = (),
+        binlog: bool = False,
     ) -> None:
         self._blob = BlobServiceClient.from_connection_string(storage).get_blob_client(
             "db-state", f"state/{app_name}/{poller}.json"
@@ -89,15 +92,18 @@ class Probe:
         # A topic's messages wait in its subscriptions: count those (and their DLQs).
         self._entities = [subscription_path(queue, s) for s in subscriptions] or [queue]
         self.topic = bool(subscriptions)
+        self.binlog = binlog  # a mysql_binlog poller: its checkpoint is a binlog position, not a version
         self._emulator = emulator
         self.target = target
         self._last_checkpoint = 0
+        self.checkpointed = False  # the poller has committed a checkpoint (read with it)
         self.last_snapshot: dict[str, Any] | None = None  # read with the checkpoint
 
     def checkpoint(self, writer: SourceWriter) -> int:
         """The committed checkpoint as a version (0 before the first commit); the last value on a read error.
 
-        A replication-slot checkpoint is a commit LSN: the writer maps it back to its versions.
+        A replication-slot checkpoint is a commit LSN, a binlog one a transaction's start and a row
+        index in it: the writer maps them back to its versions.
         """
         try:
             doc = decode_state(self._blob.download_blob(timeout=5).readall())
@@ -106,9 +112,13 @@ class Probe:
         except AzureError:
             return self._last_checkpoint  # a slow read must not stall the view
         position = doc.checkpoint.position
+        self.checkpointed = self.checkpointed or position is not None
         if position is not None and position.snapshot is not None:
             self.last_snapshot = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
-        if position is not None and isinstance(position.cursor, Lsn):
+        if position is not None and self.binlog:
+            at = BinlogPosition.from_position(position)
+            self._last_checkpoint = writer.version_at_binlog((at.file_number, at.txn_pos), at.seq)
+        elif position is not None and isinstance(position.cursor, Lsn):
             self._last_checkpoint = writer.version_at_lsn(position.cursor)
         elif position is not None and isinstance(position.cursor, int):
             self._last_checkpoint = position.cursor

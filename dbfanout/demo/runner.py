@@ -38,6 +38,7 @@ from dbfanout.demo.appdir import (
     sqlite_engine,
 )
 from dbfanout.demo.compare import Comparison, compare, read_source, read_target
+from dbfanout.demo.mysql_source import DEFAULT_MYSQL_URL, MysqlDemoSource
 from dbfanout.demo.operator import ReplayRun, SnapshotRun
 from dbfanout.demo.pg_source import DEFAULT_PG_URL, PgDemoSource
 from dbfanout.demo.probe import Probe, Snapshot
@@ -61,6 +62,7 @@ REFRESH = 0.5  # seconds between live-view refreshes (and condition checks)
 SNAPSHOT_AT = 0.6  # --source pg-logical: the operator re-snapshots the table at this share of --duration
 SNAPSHOT_CHUNK = 50  # rows per chunk of that snapshot (small: the view shows it chunk by chunk)
 HOST_START_TIMEOUT = 90.0
+FIRST_CHECKPOINT_TIMEOUT = 60.0  # --source mysql-binlog: the poller's first tick takes its place in the binlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,10 @@ class DemoOptions:
     rate: float = 50.0
     keep: bool = False
     seed: int | None = None
-    source: str = "keyset"  # or "outbox": hard deletes through an outbox table; "pg-logical": a slot
+    source: str = "keyset"  # or "outbox": hard deletes through an outbox table; "pg-logical": a slot;
+    # "mysql-binlog": the binlog
     pg_url: str | None = None  # --source pg-logical: the PostgreSQL to use
+    mysql_url: str | None = None  # --source mysql-binlog: the MariaDB/MySQL to use
     topic: bool = False  # a topic with two subscriptions (replica: poisoned and replayed; audit)
 
     @property
@@ -150,6 +154,9 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         if not options.keep:
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         app_name = "demo" + uuid.uuid4().hex[:6]
+        # The database first: a server that cannot serve the demo is refused before anything starts.
+        pg = _pg_source(options, stack)
+        binlog = _mysql_source(options, stack)
         if options.topic:
             # The emulator declares the topic, its subscriptions and their rules from the app's own config.
             topic_config = config_text(app_name, QUEUE, topic=True)
@@ -159,10 +166,10 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         stack.callback(emulator.stop)
         azurite = start_azurite(workdir)
         stack.callback(azurite.stop)
-        pg = _pg_source(options, stack)
         app = DemoApp.create(
             workdir / "app", queue=QUEUE, storage=azurite.connection_string, servicebus=emulator.connection_string,
-            outbox=options.source == "outbox", topic=options.topic, pg_logical=pg, app_name=app_name,
+            outbox=options.source == "outbox", topic=options.topic, pg_logical=pg, mysql_binlog=binlog,
+            app_name=app_name,
         )  # fmt: skip
         env = _child_env(app)
         host = _start_host(app, env)
@@ -172,10 +179,12 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
         probe = Probe(
             storage=azurite.connection_string, app_name=app.app_name, poller=POLLER, queue=QUEUE,
             emulator=emulator, target=target, subscriptions=TOPIC_SUBSCRIPTIONS if options.topic else (),
+            binlog=binlog is not None,
         )  # fmt: skip
+        log_source = pg or binlog
         writer = SourceWriter(
-            pg.engine() if pg else app.source_db, options.rate, seed=options.seed,
-            outbox=options.source == "outbox", hard_deletes=pg is not None,
+            log_source.engine() if log_source else app.source_db, options.rate, seed=options.seed,
+            outbox=options.source == "outbox", hard_deletes=log_source is not None,
         )  # fmt: skip
         stack.callback(_stop_quietly, writer)
         story = _Story(duration=options.duration)
@@ -183,9 +192,15 @@ def run_demo(options: DemoOptions, show: Callable[[Snapshot], None]) -> dict[str
             story.say(f"app folder (kept): {workdir}")
         stack.callback(_stop_replay, story)
         stack.callback(_ignore_signals)  # registered last: runs first on the way out
+        if binlog is not None:
+            _await_binlog_start(probe, writer, host, app)
+            story.say(f"the poller took its place in the binlog (replica server_id {binlog.server_id}): "
+                      "every change after it is delivered")  # fmt: skip
         writer.start()
         how = {"outbox": "through the outbox (hard deletes)", "pg-logical": f"to {pg.table if pg else ''} on "
-               "PostgreSQL (hard deletes, read from a replication slot)"}.get(options.source, "to orders")  # fmt: skip
+               "PostgreSQL (hard deletes, read from a replication slot)", "mysql-binlog": f"to "
+               f"{binlog.table if binlog else ''} on MariaDB/MySQL (hard deletes, read from the binlog)"}.get(
+            options.source, "to orders")  # fmt: skip
         story.say(f"writing ~{options.rate:g} changes/s {how}; the host polls every second")
         if options.topic:
             story.say(f"one topic, {QUEUE}, two subscriptions: replica (replicates; has the poison bug) "
@@ -207,6 +222,30 @@ def _pg_source(options: DemoOptions, stack: contextlib.ExitStack) -> PgDemoSourc
     stack.callback(pg.drop)
     pg.create()
     return pg
+
+
+def _mysql_source(options: DemoOptions, stack: contextlib.ExitStack) -> MysqlDemoSource | None:
+    """``--source mysql-binlog``: the checked server's demo database, dropped on every way out."""
+    if options.source != "mysql-binlog":
+        return None
+    source = MysqlDemoSource(options.mysql_url or DEFAULT_MYSQL_URL, SOURCE_DDL)
+    stack.callback(source.drop)
+    source.create()
+    return source
+
+
+def _await_binlog_start(probe: Probe, writer: SourceWriter, host: ChildProcess, app: DemoApp) -> None:
+    """A binlog poller starts at the binlog's end as of its first tick (it has no slot holding
+    the log for it): the writer starts once that place is checkpointed, so no change precedes it."""
+
+    def placed() -> bool:
+        probe.checkpoint(writer)
+        return probe.checkpointed or not host.alive()
+
+    wait_for(placed, FIRST_CHECKPOINT_TIMEOUT, "the binlog poller's first checkpoint", interval=REFRESH)
+    if not host.alive():
+        tail = "\n".join(app.host_log.read_text(errors="replace").splitlines()[-15:])
+        raise ServiceError(f"the local Functions host exited before its first checkpoint:\n{tail}")
 
 
 def _loop(

@@ -21,14 +21,14 @@ from dbfanout.ops.status import snapshot_line
 __all__ = ["LiveView", "render_summary"]
 
 
-def _panel(s: Snapshot) -> Panel:
+def _panel(s: Snapshot, deletes: str = "soft deletes") -> Panel:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column(justify="right")
     table.add_column(style="dim")
     w = s.written
     table.add_row("rows written", f"{s.version:,}", f"{w['insert']:,} inserts, {w['update']:,} updates, "
-                  f"{w['delete']:,} soft deletes")  # fmt: skip
+                  f"{w['delete']:,} {deletes}")  # fmt: skip
     table.add_row("enqueued", f"{s.enqueued:,}", "changes up to the poller's committed checkpoint")
     table.add_row("lag", f"{s.lag_changes:,}", f"changes not yet enqueued ({s.lag_seconds:.1f} s behind)")
     table.add_row("in the queue", f"{s.queue_messages:,}", "messages waiting or being handled")
@@ -53,8 +53,9 @@ def _panel(s: Snapshot) -> Panel:
 class LiveView:
     """Shows snapshots: a redrawn panel on a terminal, else the story lines once each."""
 
-    def __init__(self, console: Console, *, live: bool) -> None:
+    def __init__(self, console: Console, *, live: bool, hard_deletes: bool = False) -> None:
         self._console = console
+        self._deletes = "hard deletes" if hard_deletes else "soft deletes"
         self._live = Live(console=console, refresh_per_second=4, transient=False) if live else None
         self._printed = 0
 
@@ -71,7 +72,7 @@ class LiveView:
 
     def show(self, snapshot: Snapshot) -> None:
         if self._live is not None:
-            self._live.update(_panel(snapshot))
+            self._live.update(_panel(snapshot, self._deletes))
             return
         for line in snapshot.log[self._printed :]:
             self._console.print(f"[{snapshot.elapsed:5.1f} s] {line}", highlight=False, markup=False, soft_wrap=True)
@@ -86,11 +87,12 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_column(style="bold")
     table.add_column()
     w = summary["written"]
+    soft = summary["source"] == "keyset"  # the other sources hard-delete: no row is left to compare
     table.add_row("written", f"{w['total']:,} changes: {w['insert']:,} inserts, {w['update']:,} updates, "
-                  f"{w['delete']:,} soft deletes")  # fmt: skip
+                  f"{w['delete']:,} {'soft' if soft else 'hard'} deletes")  # fmt: skip
     table.add_row("source", f"{check['source_rows']:,} rows: {check['live_rows']:,} live, "
-                  f"{check['deleted_rows']:,} soft-deleted")  # fmt: skip
-    table.add_row("target", f"{check['target_rows']:,} rows")
+                  f"{check['deleted_rows']:,} soft-deleted" if soft else f"{check['source_rows']:,} rows")  # fmt: skip
+    table.add_row("target", f"{check['target_rows']:,} rows; {check['deletes_applied']:,} deletes applied as deletes")
     p = summary["pipeline"]
     table.add_row("handled", f"{p['handled_events']:,} events, {p['distinct_events']:,} distinct, "
                   f"{p['duplicates_absorbed']:,} duplicates absorbed")  # fmt: skip

@@ -4,7 +4,8 @@ One thread, small transactions every ~50 ms. It is the only writer, and it assig
 ``version`` cursor itself, so versions become visible in order (see ``appdir.CONFIG_TEMPLATE``).
 With ``outbox=True`` deletes are hard deletes, and every change also writes its outbox row (the
 row as it now is) in the same transaction: the ``--source outbox`` demo. ``hard_deletes=True`` on
-a PostgreSQL engine is the ``--source pg-logical`` demo (a replication slot sees every change).
+a PostgreSQL engine is the ``--source pg-logical`` demo (a replication slot sees every change), on
+a MariaDB/MySQL engine the ``--source mysql-binlog`` demo (the binlog does).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sqlalchemy as sa
 
 from dbfanout.demo.appdir import sqlite_engine
 from dbfanout.demo.handler import POISON_STATUS
+from poller.mysql_binlog_position import file_number
 from shared.outbox import write_change
 
 __all__ = ["SourceWriter"]
@@ -53,6 +55,11 @@ class SourceWriter:
         # PostgreSQL: (WAL insert position just before each commit, last version of that transaction),
         # so a replication-slot checkpoint (a commit LSN) maps back to the versions it covers.
         self._lsn_marks: list[tuple[int, int]] | None = [] if self.engine.dialect.name == "postgresql" else None
+        # MariaDB/MySQL: ((binlog file number, offset) just before each commit, the version before that
+        # transaction, its last version): a binlog checkpoint (a transaction's start and a row index in
+        # it) maps back to the versions it covers.
+        binlog = self.engine.dialect.name in ("mysql", "mariadb")
+        self._binlog_marks: list[tuple[tuple[int, int], int, int]] | None = [] if binlog else None
         self.rate = rate
         self.rng = random.Random(seed)
         self.ops = {"insert": 0, "update": 0, "delete": 0}
@@ -99,6 +106,22 @@ class SourceWriter:
         at = bisect.bisect_right(marks, (lsn, self.version + 1))
         return marks[at - 1][1] if at else 0
 
+    def version_at_binlog(self, txn_start: tuple[int, int], seq: int) -> int:
+        """The last version a binlog checkpoint covers: ``txn_start`` (file number, offset) is its
+        transaction's start and ``seq`` its last row delivered there (-1: none; the position is
+        between transactions, and every transaction that started before it is covered)."""
+        marks = self._binlog_marks or []
+        if seq < 0:
+            at = bisect.bisect_left(marks, txn_start, key=lambda m: m[0])
+            return marks[at - 1][2] if at else 0
+        # The transaction holding the checkpoint is the last one whose mark is at or before its start;
+        # its rows are its versions in order (one row change per version).
+        at = bisect.bisect_right(marks, txn_start, key=lambda m: m[0])
+        if not at:
+            return 0
+        _, before, last = marks[at - 1]
+        return min(before + seq + 1, last)
+
     def version_at(self, moment: float) -> int:
         """The last version written at or before the monotonic time ``moment``."""
         return bisect.bisect_right(self._written_at, moment)
@@ -109,12 +132,14 @@ class SourceWriter:
             while not self._stop.is_set():
                 due = int(self.rate * (time.monotonic() - started)) - self.written
                 if due > 0 or self._poison_requested.is_set():
+                    before = self.version
                     with self.engine.begin() as conn:
                         if self._poison_requested.is_set():
                             self._poison(conn)
                         for _ in range(min(due, MAX_OPS_PER_TXN)):
                             self._one(conn)
                         self._mark_lsn(conn)
+                        self._mark_binlog(conn, before)
                 self._stop.wait(TICK)
         except BaseException as exc:  # surfaced by stop()
             self.error = exc
@@ -123,6 +148,14 @@ class SourceWriter:
         if self._lsn_marks is not None:  # the commit record comes after this position
             lsn = conn.execute(sa.text("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")).scalar_one()
             self._lsn_marks.append((int(lsn), self.version))
+
+    def _mark_binlog(self, conn: sa.Connection, before: int) -> None:
+        if self._binlog_marks is not None:  # the transaction is written at or after this binlog position
+            try:
+                row = conn.execute(sa.text("SHOW MASTER STATUS")).one()
+            except sa.exc.ProgrammingError:  # MySQL 8.4 renamed it (an error does not end a MySQL transaction)
+                row = conn.execute(sa.text("SHOW BINARY LOG STATUS")).one()
+            self._binlog_marks.append(((file_number(str(row[0])), int(row[1])), before, self.version))
 
     def _bump(self) -> int:
         self.version += 1

@@ -141,3 +141,14 @@ def test_an_empty_target_reads_as_empty(tmp_path: Path) -> None:
     state = read_target(engine)
     assert state.rows == {} and state.versions == {} and state.processed_events == 0
     engine.dispose()
+
+
+def test_hard_deletes_applied_as_deletes_are_counted_from_the_targets_versions() -> None:
+    # Given a hard-deleting source: row 2 is gone, and the target recorded its delete (version 8, deleted)
+    source = {1: _row(1, 5), 3: _row(3, 9)}
+    replicated = _replicated(source)
+    target = TargetState(rows=replicated.rows, versions={**replicated.versions, 2: (8.5, True)})
+    # Then the match is exact and the delete is counted as applied
+    result = compare(source, target)
+    assert result.ok and result.deletes_applied == 1
+    assert result.to_json()["deletes_applied"] == 1

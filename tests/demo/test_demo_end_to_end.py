@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from dbfanout.commands.common import EXIT_USAGE
+from dbfanout.demo.compare import read_target
 from dbfanout.demo.services import azurite_binary
+from tests.support.private_mariadb import binlog_reason
 
 pytestmark = [
     pytest.mark.integration,
@@ -154,3 +157,71 @@ def test_demo_with_a_topic_quarantines_one_subscription_and_the_other_sees_no_du
     assert pipeline["audit"]["events"] == pipeline["distinct_events"] > 0
     assert pipeline["audit"]["given_more_than_once"] == 0
     assert pipeline["enqueued_changes"] == summary["written"]["total"]
+
+
+def _demo_databases(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        names = {str(n) for (n,) in conn.execute(sa.text("SHOW DATABASES LIKE 'dbfanout\\_demo\\_%'"))}
+    engine.dispose()
+    return names
+
+
+def test_demo_with_the_mysql_binlog_source_delivers_hard_deletes_as_deletes_exactly(mysql_binlog_url: str) -> None:
+    # Given the binlog variant on a MariaDB with the row-based binlog on (a private one when the
+    # shared server has it off)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBFANOUT_")}
+    args = ["demo", "--duration", "15", "--json", "--keep", "--source", "mysql-binlog", "--mysql-url", mysql_binlog_url]
+    proc = subprocess.run(
+        [sys.executable, "-m", "dbfanout.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    folder = summary["app_dir"]
+    try:
+        # Then every change arrived from the binlog and the target matches the source exactly
+        assert proc.returncode == 0, (summary, proc.stderr[-3000:])
+        assert summary["ok"] is True and summary["source"] == "mysql-binlog" and summary["problems"] == []
+        check, written = summary["check"], summary["written"]
+        assert check["exact_match"] is True and check["deleted_rows"] == 0  # hard deletes leave nothing behind
+        assert written["delete"] > 0 and written["update"] > 0
+        assert check["target_rows"] == check["source_rows"] == written["insert"] - written["delete"]
+        assert summary["pipeline"]["enqueued_changes"] == written["total"]
+        assert summary["dlq"]["replayed"] >= 1 and summary["dlq"]["left"] == 0
+        # And each hard delete reached the handler as a delete: the target's version table marks
+        # exactly the deleted keys as deleted (a delete lost or delivered as an update would not)
+        assert check["deletes_applied"] == written["delete"]
+        target = sa.create_engine(f"sqlite:///{Path(folder) / 'app' / 'target.db'}")
+        deleted = sum(1 for _, gone in read_target(target).versions.values() if gone)
+        target.dispose()
+        assert deleted == written["delete"]
+        # And no snapshot was offered: the kind has none yet
+        assert summary["snapshot"] is None and "dbfanout snapshot" not in proc.stderr
+        assert _processes_in(folder) == []
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert _demo_databases(mysql_binlog_url) == set()  # the demo's database was dropped
+
+
+def test_demo_with_the_mysql_binlog_source_refuses_a_server_without_a_binlog_at_once(mysql_url: str) -> None:
+    # Given the shared MariaDB, which runs with the binlog off
+    if binlog_reason(mysql_url) is None:
+        pytest.skip("the shared MariaDB has the row-based binlog on: nothing to refuse")
+    before = _demo_databases(mysql_url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBFANOUT_")}
+    # When the binlog demo is pointed at it
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "dbfanout.cli", "demo", "--json", "--source", "mysql-binlog", "--mysql-url", mysql_url],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    # Then it fails at once, before starting anything, saying what to set and where to point it
+    message = " ".join(proc.stderr.split())
+    assert proc.returncode == EXIT_USAGE, proc.stderr[-3000:]
+    assert proc.stdout == ""
+    assert "log_bin" in message and "binlog_format = ROW" in message and "binlog_row_image = FULL" in message
+    assert "--mysql-url" in message and "DBFANOUT_DEMO_MYSQL_URL" in message
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 30, elapsed  # no emulator, Azurite or host was started (those take longer)
+    assert _demo_databases(mysql_url) == before  # nothing was created on the refused server

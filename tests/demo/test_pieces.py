@@ -23,13 +23,17 @@ from dbfanout.demo.handler import (
     is_fixed,
     is_poison,
 )
+from dbfanout.demo.mysql_source import MysqlDemoSource
 from dbfanout.demo.probe import Snapshot
 from dbfanout.demo.services import ChildProcess, wait_for
 from dbfanout.demo.view import _panel
 from dbfanout.demo.writer import SourceWriter
 from dbfanout.ops.status import snapshot_line, snapshot_progress
-from shared.models import HandlerContext, Lsn, RowChange, SnapshotState
+from poller.mysql_binlog import MysqlBinlogSource
+from poller.mysql_binlog_position import BinlogPosition
+from shared.models import HandlerContext, Lsn, Position, RowChange, SnapshotState
 from shared.outbox import create_outbox
+from tests.poller.mysql_binlog_support import poller_config
 
 
 def _event(status: str) -> RowChange:
@@ -158,3 +162,39 @@ def test_the_live_view_shows_a_running_snapshot_as_status_does() -> None:
     assert "running: demo.orders, chunk 4, 150 rows of ~400, 50 rows/s, ETA 5s" in text
     assert snapshot_line(progress) == "snapshot running: demo.orders, chunk 4, 150 rows of ~400, 50 rows/s, ETA 5s"
     assert reading.to_json()["snapshot"]["rows"] == 150
+
+
+def test_the_binlog_writer_maps_every_binlog_checkpoint_back_to_the_versions_it_covers(mysql_binlog_url: str) -> None:
+    # Given the demo's orders table on a server with the binlog, and a binlog source started at its end
+    demo = MysqlDemoSource(mysql_binlog_url, SOURCE_DDL)
+    demo.create()
+    source = MysqlBinlogSource(poller_config(demo.url, [demo.table], server_id=demo.server_id))
+    try:
+        start = source.fetch(None, 10).advance
+        assert start is not None
+        # When the demo's writer writes a few hundred changes, many per transaction, deletes included
+        writer = SourceWriter(demo.engine(), 400, seed=7, hard_deletes=True).start()
+        wait_for(lambda: writer.version >= 300 or writer.error is not None, 60, "300 changes")
+        writer.stop()
+        assert writer.ops["delete"] > 0
+        assert writer.version_at_binlog(_binlog_at(start)[0], _binlog_at(start)[1]) == 0
+        # And every change is read back from the binlog, page by page
+        covered, after = [], start
+        for _ in range(1000):
+            page = source.fetch(after, 37)  # pages that end inside transactions
+            covered += [writer.version_at_binlog(*_binlog_at(row.position)) for row in page.rows]
+            after = page.end or after
+            if len(covered) >= writer.version:
+                break
+        # Then the checkpoint after the n-th change maps to version n (one row change per version),
+        # inside a transaction as at its end
+        assert covered == list(range(1, writer.version + 1))
+        assert writer.version_at_binlog(*_binlog_at(after)) == writer.version
+    finally:
+        source.close()
+        demo.drop()
+
+
+def _binlog_at(position: Position) -> tuple[tuple[int, int], int]:
+    at = BinlogPosition.from_position(position)
+    return (at.file_number, at.txn_pos), at.seq
