@@ -603,8 +603,8 @@ def test_a_chunk_statement_that_keeps_failing_fails_its_request_after_bounded_tr
 
 
 def test_a_snapshot_finishes_while_transactions_are_always_in_flight(logical: LogicalTable) -> None:
-    # Given 500 rows and writers that keep transactions in flight, committing every few
-    # milliseconds on connections of their own (how a busy server, or one whose commits wait for a
+    # Given 500 rows and writers that keep transactions in flight, each committing every 10 ms
+    # on a connection of its own (how a busy server, or one whose commits wait for a
     # synchronous standby, looks to a chunk's select: a commit not yet visible is often there)
     logical.drop_slot()
     logical.insert(range(500), "old")
@@ -618,7 +618,9 @@ def test_a_snapshot_finishes_while_transactions_are_always_in_flight(logical: Lo
         try:
             with engine.connect() as conn:
                 n = first
-                while not stop.wait(0.002):  # a commit every few milliseconds (pacing, not a wait)
+                # A commit every 10 ms (pacing, not a wait): always one in flight somewhere, yet a rate a
+                # loaded CI machine's poller keeps up with (a chunk is read once the stream caught up)
+                while not stop.wait(0.01):
                     conn.execute(sa.text(f"INSERT INTO {logical.name} (id, v, n) VALUES (:i, 'w', 0)"), {"i": n})
                     conn.commit()
                     n += 1

@@ -15,7 +15,7 @@ from poller.snapshot import request_statement
 from poller.state_memory import MemoryStateStore
 from poller.wake import NotifyWaker, notify_channel, notify_trigger_name
 from shared.config import PollerConfig
-from tests.poller.pg_logical_support import events_of, logical_reason, poller_config
+from tests.poller.pg_logical_support import events_of, poller_config
 from tests.poller.tick_support import RecordingSink, drain
 from tests.support.databases import unique_name
 
@@ -23,12 +23,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def mixed(pg_url: str) -> Iterator[tuple[sa.Engine, PollerConfig]]:
+def mixed(pg_logical_url: str) -> Iterator[tuple[sa.Engine, PollerConfig]]:
     """``"Sales X"."Orders"`` (a mixed-case schema with a space, a mixed-case table and column), with
     its publication and slot; dropped afterwards."""
-    reason = logical_reason(pg_url)
-    if reason:
-        pytest.skip(reason)
+    pg_url = pg_logical_url
     engine, name = sa.create_engine(pg_url), unique_name("mx")
     schema = f"Sales X {name}"
     config = poller_config(pg_url, f"{schema}.Orders", slot=name, publication=name, signal_table=f"{name}_signal",
