@@ -8,9 +8,10 @@
 For each configuration (source x target x linger) it starts the project's Service Bus emulator in
 a process of its own (Azurite once for the run), a database of its own on the PostgreSQL server
 (``--db-url`` for keyset and outbox, ``--pg-url`` with wal_level = logical for pg_logical) and the
-real ``function_app.py`` under ``dbfanout run``. A writer thread in this process then offers each
-rate (changes a second, in commits of ``--rows-per-commit`` rows) for ``--step-seconds``, every row
-stamped with its write time (keyset and pg_logical: a column; outbox: the payload). The handler
+real ``function_app.py`` under ``dbfanout run``. Writer threads in this process (``--writers``,
+each on a connection of its own, each a share of the rate) then offer each rate (changes a second,
+in commits of ``--rows-per-commit`` rows) for ``--step-seconds``, every row stamped with its
+write time (keyset and pg_logical: a column; outbox: the payload). The handler
 (bench_latency's) records, per event, that time, its latency and the message's enqueued time; on
 a topic two subscriptions each run it into a file of their own.
 
@@ -138,8 +139,18 @@ class Deployment:
     engine: sa.Engine
     files: list[HandledFile]
     cleanup: Callable[[], None] = lambda: None
-    written: int = 0
-    steps: list[Step] = field(default_factory=list)
+    written: int = 0  # rows committed
+    _next_id: int = 1
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def commit(self, conn: sa.Connection, rows: int) -> None:
+        """Write and commit ``rows`` rows of ids no other writer thread takes."""
+        with self._lock:
+            first, self._next_id = self._next_id, self._next_id + rows
+        with conn.begin():
+            self.write(conn, first, rows, time.time())
+        with self._lock:
+            self.written += rows
 
     def handled(self) -> int:
         return min(f.read() for f in self.files)
@@ -245,9 +256,8 @@ def _deploy(
     deployment = Deployment(name, host, emulator, cost, write, engine, files)
     try:
         wait_for(host.started, 90, "the host to start")
-        with engine.begin() as conn:  # warm-up: connections, the first tick, the first message
-            write(conn, 1, 20, time.time())
-        deployment.written = 20
+        with engine.connect() as conn:  # warm-up: connections, the first tick, the first message
+            deployment.commit(conn, 20)
         wait_for(lambda: deployment.handled() >= 20, args.drain_seconds, "the warm-up rows to be handled")
     except TimeoutError:
         print(host.log_tail(30), file=sys.stderr)
@@ -261,9 +271,7 @@ def _writer(d: Deployment, rate: int, per_commit: int, until: float, abort: thre
     next_at = time.monotonic()
     with d.engine.connect() as conn:
         while not abort.is_set() and time.time() < until:
-            with conn.begin():
-                d.write(conn, d.written + 1, per_commit, time.time())
-            d.written += per_commit
+            d.commit(conn, per_commit)
             next_at += interval
             time.sleep(max(0.0, next_at - time.monotonic()))
 
@@ -271,20 +279,23 @@ def _writer(d: Deployment, rate: int, per_commit: int, until: float, abort: thre
 def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace) -> Step:
     step = Step(d.name, per_commit, rate)
     host0, emu0, db0 = d.cpu()
-    first_id = d.written + 1
+    before = d.written
     began = time.time()
     abort = threading.Event()
-    thread = threading.Thread(target=_writer, args=(d, rate, per_commit, began + args.step_seconds, abort))
-    thread.start()
+    share = (d, rate / args.writers, per_commit, began + args.step_seconds, abort)
+    threads = [threading.Thread(target=_writer, args=share) for _ in range(args.writers)]
+    for thread in threads:
+        thread.start()
     bound = max(500, rate * args.backlog_seconds)
-    while thread.is_alive():
-        thread.join(0.5)
-        if d.written - d.handled() > bound and not abort.is_set():
-            abort.set()
-            step.stopped_early = True
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.5)
+            if d.written - d.handled() > bound and not abort.is_set():
+                abort.set()
+                step.stopped_early = True
     ended = time.time()
     host1, emu1, db1 = d.cpu()
-    written = d.written - first_id + 1
+    written = d.written - before
     try:
         wait_for(lambda: d.handled() >= d.written, args.drain_seconds, "the step's rows to be handled", 0.5)
     except TimeoutError:
@@ -386,6 +397,7 @@ def main() -> None:
     parser.add_argument("--rates", type=_floats, default=[500, 1000, 2000, 5000, 10000, 20000], help="changes/s")
     parser.add_argument("--rows-per-commit", type=_floats, default=[1, 10])
     parser.add_argument("--step-seconds", type=float, default=30.0)
+    parser.add_argument("--writers", type=int, default=1, help="writer threads (connections), each a share of the rate")
     parser.add_argument("--backlog-seconds", type=float, default=5.0, help="stop a step past this many seconds' rows")
     parser.add_argument("--drain-seconds", type=float, default=60.0, help="wait for a step's rows at most this long")
     parser.add_argument("--batch", type=int, default=500, help="batch_size")
@@ -398,6 +410,8 @@ def main() -> None:
     unknown = set(args.source) - {"keyset", "pg_logical", "outbox"} | set(args.target) - {"queue", "topic"}
     if unknown:
         sys.exit(f"unknown --source/--target values: {sorted(unknown)}")
+    if not 1 <= args.writers <= 15:
+        sys.exit("--writers: 1 to 15 (the writer engine's connection pool)")
     tmp = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
     azurite = start_azurite()
     steps: list[Step] = []
