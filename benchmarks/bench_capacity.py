@@ -418,12 +418,7 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=30.0)
     parser.add_argument("--writers", type=int, default=1, help="writer threads (connections), each a share of the rate")
     parser.add_argument("--backlog-seconds", type=float, default=5.0, help="stop a step past this many seconds' rows")
-    parser.add_argument(
-        "--p99-bound",
-        type=float,
-        default=1.0,
-        help="sustained: p99 at most this (s); without linger the 1 s schedule alone puts p99 near 1 s",
-    )
+    parser.add_argument("--p99-bound", type=float, default=1.0, help="sustained: p99 at most this (s)")
     parser.add_argument("--drain-seconds", type=float, default=60.0, help="wait for a step's rows at most this long")
     parser.add_argument("--batch", type=int, default=500, help="batch_size")
     parser.add_argument("--max-batches", type=int, default=200, help="max_batches_per_tick")
