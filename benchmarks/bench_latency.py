@@ -508,6 +508,10 @@ class DbCost:
             ).one()
             return int(row[0])
 
+    def cpu_now(self) -> dict[int, tuple[str, float]]:
+        """Each measured backend's application name and CPU seconds since it started, now."""
+        return {pid: (app, _cpu_seconds(pid)) for pid, app in self._backends()}
+
     def _sample(self, first: bool = False) -> None:
         while True:
             for pid, app in self._backends():
@@ -636,11 +640,18 @@ def _python(profile: Path | None, name: str) -> list[str]:
     return [sys.executable, str(Path(__file__).with_name("profiled.py")), str(profile / name)]
 
 
-def _start_emulator(code: Path, tmp: Path, queue: str, profile: Path | None) -> tuple[subprocess.Popen[str], str]:
-    """The emulator of ``code`` in its own process, with one queue as the catch-up needs it."""
+def _start_emulator(
+    code: Path, tmp: Path, queue: str, profile: Path | None, subscriptions: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], str]:
+    """The emulator of ``code`` in its own process, with one queue as the catch-up needs it (with
+    ``subscriptions``: a topic of that name with those subscriptions instead)."""
     config = tmp / "Config.json"
     props = {"RequiresDuplicateDetection": True, "LockDuration": "PT1M", "MaxSizeInMegabytes": 4096}
-    namespace = {"Name": "sbemulatorns", "Queues": [{"Name": queue, "Properties": props}]}
+    namespace: dict[str, Any] = {"Name": "sbemulatorns", "Queues": [{"Name": queue, "Properties": props}]}
+    if subscriptions:
+        subs = [{"Name": s, "Properties": {"LockDuration": "PT1M"}} for s in subscriptions]
+        topic = {"Name": queue, "Properties": {"RequiresDuplicateDetection": True, "MaxSizeInMegabytes": 4096}}
+        namespace = {"Name": "sbemulatorns", "Topics": [{**topic, "Subscriptions": subs}]}
     config.write_text(json.dumps({"UserConfig": {"Namespaces": [namespace]}}))
     args = ["-m", "sbemulator", "servicebus", "--config", str(config), "--port", "0", "--http-port", "0"]
     proc = subprocess.Popen(
