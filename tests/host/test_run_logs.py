@@ -46,6 +46,8 @@ def _run_until_the_handler_failed(app: AppDir, *args: str) -> str:
     host = HostProcess(app, *args).start()
     try:
         wait_for(lambda: "handler failed" in host.log_text(), 120, "the handler's failure in the host log")
+        # The worker can fail the batch before the poller's checkpoint write (after the send) returns
+        wait_for(lambda: "checkpoint committed" in host.log_text(), 60, "the poller's commit in the host log")
     finally:
         host.stop_quietly()
     return host.log_text()
