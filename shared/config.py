@@ -681,15 +681,28 @@ def _kind_defaults(name: str, raw: Mapping[str, Any], prefix: str, kind: str) ->
     return raw
 
 
-def _mysql_binlog_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """A mysql_binlog poller names its tables; the binlog orders the changes."""
+def _log_tables(raw: Mapping[str, Any], prefix: str, kind: str, log: str, example: str) -> list[str]:
+    """The tables a log source's poller names (``table`` or ``tables``); keyset keys refused, as ``log``
+    (the slot, the binlog) gives every change in commit order."""
     given = [k for k in _KEYSET_ONLY if k in raw and k != "pk"]
     if given:
         raise ConfigError(
             f"{prefix}.{given[0]}",
-            'does not apply to kind = "mysql_binlog" (the binlog gives every change in commit order)',
-            hint='keep tables = ["shop.orders", ...] (pk is optional: each table\'s primary key)',
+            f'does not apply to kind = "{kind}" ({log} gives every change in commit order)',
+            hint=f'keep tables = ["{example}", ...] (pk is optional: each table\'s primary key)',
         )
+    table, tables = raw.get("table"), raw.get("tables")
+    if (table is None) == (tables is None):
+        raise ConfigError(f"{prefix}.tables", f'kind = "{kind}" needs exactly one of table or tables')
+    tables = [table] if tables is None else tables
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, str) and t for t in tables):
+        raise ConfigError(f"{prefix}.tables", "must be a list of table names", hint=f'tables = ["{example}"]')
+    return tables
+
+
+def _mysql_binlog_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """A mysql_binlog poller names its tables; the binlog orders the changes."""
+    tables = _log_tables(raw, prefix, "mysql_binlog", "the binlog", "shop.orders")
     if raw.get("snapshot", "never") != "never" or "snapshot_chunk_size" in raw:
         raise ConfigError(
             f"{prefix}.snapshot",
@@ -701,12 +714,6 @@ def _mysql_binlog_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any
     wrong = [k for k in ("slot", "publication", "signal_table") if k in raw]
     if wrong:
         raise ConfigError(f"{prefix}.{wrong[0]}", 'applies to kind = "pg_logical" only')
-    table, tables = raw.get("table"), raw.get("tables")
-    if (table is None) == (tables is None):
-        raise ConfigError(f"{prefix}.tables", 'kind = "mysql_binlog" needs exactly one of table or tables')
-    tables = [table] if tables is None else tables
-    if not isinstance(tables, list) or not tables or not all(isinstance(t, str) and t for t in tables):
-        raise ConfigError(f"{prefix}.tables", "must be a list of table names", hint='tables = ["shop.orders"]')
     bad = [t for t in tables if t.count(".") > 1]
     if bad:
         raise ConfigError(f"{prefix}.tables", f"{bad[0]!r}: name a table as database.table (or table)")
@@ -715,19 +722,7 @@ def _mysql_binlog_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any
 
 def _pg_logical_defaults(name: str, raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     """A pg_logical poller names its tables (and optionally slot/publication): the slot orders changes."""
-    given = [k for k in _KEYSET_ONLY if k in raw and k != "pk"]
-    if given:
-        raise ConfigError(
-            f"{prefix}.{given[0]}",
-            'does not apply to kind = "pg_logical" (the replication slot gives every change in commit order)',
-            hint='keep tables = ["public.orders", ...] (pk is optional: each table\'s primary key)',
-        )
-    table, tables = raw.get("table"), raw.get("tables")
-    if (table is None) == (tables is None):
-        raise ConfigError(f"{prefix}.tables", 'kind = "pg_logical" needs exactly one of table or tables')
-    tables = [table] if tables is None else tables
-    if not isinstance(tables, list) or not tables or not all(isinstance(t, str) and t for t in tables):
-        raise ConfigError(f"{prefix}.tables", "must be a list of table names", hint='tables = ["public.orders"]')
+    tables = _log_tables(raw, prefix, "pg_logical", "the replication slot", "public.orders")
     default = "dbfanout_" + name.lower().replace("-", "_")
     out = {**raw, "table": tables[0], "tables": tables, "cursor": "commit_lsn", "settle_seconds": 0.0}
     for key in ("slot", "publication"):
