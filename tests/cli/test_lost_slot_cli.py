@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli.conftest import Workspace
 from tests.poller.lost_slot_support import LOSSY_SETTINGS, lose_slot, wal_status
-from tests.poller.pg_logical_support import LogicalTable
+from tests.poller.pg_logical_support import LogicalTable, logical_table
 from tests.support.private_postgres import start_private_postgres
 
 pytestmark = pytest.mark.integration
@@ -27,12 +27,8 @@ def lossy_url() -> Iterator[str]:
 
 @pytest.fixture
 def logical(lossy_url: str) -> Iterator[LogicalTable]:
-    table = LogicalTable(lossy_url)
-    try:
-        table.create()
+    with logical_table(lossy_url) as table:
         yield table
-    finally:
-        table.drop()
 
 
 def test_validate_fix_replaces_a_lost_slot_and_status_names_the_loss(

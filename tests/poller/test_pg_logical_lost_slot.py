@@ -33,7 +33,7 @@ from shared.errors import ConfigError, PositionLostError
 from shared.models import Lsn, Position, RowChange
 from shared.telemetry import metrics
 from tests.poller.lost_slot_support import LOSSY_SETTINGS, lose_slot, wal_status
-from tests.poller.pg_logical_support import LogicalTable, events_of, poller_config
+from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config
 from tests.poller.tick_support import RecordingSink, drain
 from tests.support.private_postgres import start_private_postgres
 
@@ -49,12 +49,8 @@ def lossy_url() -> Iterator[str]:
 
 @pytest.fixture
 def logical(lossy_url: str) -> Iterator[LogicalTable]:
-    table = LogicalTable(lossy_url)
-    try:
-        table.create()
+    with logical_table(lossy_url) as table:
         yield table
-    finally:
-        table.drop()
 
 
 def _config(table: LogicalTable, **more: Any) -> PollerConfig:
