@@ -70,6 +70,7 @@ from shared.models import SnapshotState
 
 __all__ = [
     "KIND_BARRIER",
+    "READY",
     "MysqlChunkReader",
     "mysql_request_statement",
     "mysql_signal_sql",
@@ -79,6 +80,11 @@ __all__ = [
 ]
 
 KIND_BARRIER = "barrier"
+#: Whether mysql_binlog pollers act on signal rows yet. The snapshot coordinator turns it on when it
+#: reads the binlog's signal rows; until then `dbfanout snapshot` refuses a binlog poller (a request
+#: nobody reads would wait forever) and `validate` does not ask for the signal table (`--fix` still
+#: creates it).
+READY = False
 #: ``signal_table``'s schema when none was configured (the config's PostgreSQL default).
 _DEFAULT_SCHEMA = "public"
 

@@ -15,9 +15,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.mysql_binlog import MysqlBinlogSource
-from poller.mysql_binlog_position import BinlogPosition
-from poller.mysql_binlog_reader import BinlogChange, BinlogReader
 from poller.snapshot import Chunk, apply_request, signal_of
 from poller.snapshot_mysql import (
     MysqlChunkReader,
@@ -31,7 +28,7 @@ from poller.snapshot_where import WhereRefused, where_sql
 from shared.config import PollerConfig
 from shared.errors import SourceError
 from shared.models import SnapshotState
-from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables
+from tests.poller.mysql_binlog_support import BinlogTables, binlog_changes, binlog_here, binlog_tables
 from tests.support.databases import unique_name
 
 pytestmark = pytest.mark.integration
@@ -71,40 +68,6 @@ def _all_chunks(reader: MysqlChunkReader, engine: sa.Engine, state: SnapshotStat
             chunks.append(chunk)
             basis = chunk.next_basis()
     return chunks
-
-
-def _binlog_here(config: PollerConfig) -> BinlogPosition:
-    """The binlog's end now (with MariaDB's GTID state): where a stream opened now would start."""
-    source = MysqlBinlogSource(config)
-    try:
-        start = source.fetch(None, 1).advance
-    finally:
-        source.close()
-    assert start is not None
-    return BinlogPosition.from_position(start)
-
-
-def _binlog_changes(config: PollerConfig, start: BinlogPosition, tables: set[str]) -> list[BinlogChange]:
-    """Every change of ``tables`` in the binlog from ``start`` to its end now, in binlog order."""
-    engine = sa.create_engine(config.source_url)
-    try:
-        with engine.connect() as conn:
-            file, pos = conn.execute(sa.text("SHOW MASTER STATUS")).one()[:2]
-        _args, kwargs = engine.dialect.create_connect_args(engine.url)
-    finally:
-        engine.dispose()
-    kwargs.pop("client_flag", None)
-    reader = BinlogReader(
-        {**kwargs, "connect_timeout": 10}, config.server_id, frozenset(tables), start, (str(file), int(pos)),
-        by_gtid=start.gtid_state is not None,
-    )  # fmt: skip
-    out: list[BinlogChange] = []
-    try:
-        while not reader.at_end:
-            out.extend(reader.read(1000))
-    finally:
-        reader.close()
-    return out
 
 
 # ------------------------------------------------------------------------------ where, rendered
@@ -244,7 +207,7 @@ def test_barrier_then_watermark_in_the_binlog_and_an_empty_chunk_writes_no_water
     tables.insert([1, 2, 3])
     config, sig = tables.config, signal_table(tables.config)
     reader = MysqlChunkReader(config, tables.engine)
-    start = _binlog_here(config)
+    start = binlog_here(config)
     # When a chunk is read, then an empty one (the table read to its end)
     with tables.engine.connect() as conn:
         chunk = reader.read(conn, _state(tables.qualified, 10), None, chunk_id="c1")
@@ -253,14 +216,14 @@ def test_barrier_then_watermark_in_the_binlog_and_an_empty_chunk_writes_no_water
         assert empty is not None and not empty.tuples and empty.last_key is None
         assert not conn.in_transaction()  # left with no transaction open
     # Then the binlog carries: barrier, watermark c1, barrier (none for the empty chunk), in that order
-    signals = [signal_of(c.after, config.name) for c in _binlog_changes(config, start, {sig})]
+    signals = [signal_of(c.after, config.name) for c in binlog_changes(config, start, {sig})]
     assert [(s[0], s[1] if s[0] == "watermark" else "") for s in signals if s] == [
         ("barrier", ""), ("watermark", "c1"), ("barrier", ""),
     ]  # fmt: skip
     barriers = {s[1] for s in signals if s and s[0] == "barrier"}
     assert len(barriers) == 2  # a fresh id each time: each barrier is a change the binlog carries
     # (another poller's signal rows are not this poller's)
-    assert all(signal_of(c.after, "someone else") is None for c in _binlog_changes(config, start, {sig}))
+    assert all(signal_of(c.after, "someone else") is None for c in binlog_changes(config, start, {sig}))
 
 
 class _Interleaved(MysqlChunkReader):
@@ -281,7 +244,7 @@ def test_a_change_after_the_chunks_snapshot_lands_between_the_window_start_and_t
     # Given rows 1..5; the window starts here; row 2 changes before the read
     tables.insert([1, 2, 3, 4, 5])
     config, sig = tables.config, signal_table(tables.config)
-    start = _binlog_here(config)
+    start = binlog_here(config)
     tables.sql("UPDATE {t} SET v = 'before read' WHERE id = 2")
     # When the chunk is read while row 3 changes after its snapshot (before the watermark commits)
     reader = _Interleaved(config, tables.engine, tables)
@@ -293,7 +256,7 @@ def test_a_change_after_the_chunks_snapshot_lands_between_the_window_start_and_t
     assert values[2] == "before read" and values[3] == "x"
     # And in the binlog both changes are inside the window: after its start, before the watermark;
     # the later one after the barrier
-    changes = _binlog_changes(config, start, {sig, tables.qualified})
+    changes = binlog_changes(config, start, {sig, tables.qualified})
     order = [(c.table, (c.after or {}).get("kind") or (c.after or {}).get("v")) for c in changes]
     assert order == [
         (tables.qualified, "before read"), (sig, "barrier"), (tables.qualified, "after snapshot"), (sig, "watermark"),
@@ -313,14 +276,14 @@ def test_a_change_after_the_chunks_snapshot_lands_between_the_window_start_and_t
 
 def test_the_request_statement_is_read_from_the_binlog_by_signal_of(tables: BinlogTables) -> None:
     config, sig = tables.config, signal_table(tables.config)
-    start = _binlog_here(config)
+    start = binlog_here(config)
     statement, params = mysql_request_statement(config, tables=[tables.qualified], where="n >= 1", chunk_size=7)
     with tables.engine.begin() as conn:
         conn.execute(statement, params)
     cancel, cancel_params = mysql_request_statement(config, cancel=True)
     with tables.engine.begin() as conn:  # a second request replaces the first (one row per poller)
         conn.execute(cancel, cancel_params)
-    signals = [signal_of(c.after, config.name) for c in _binlog_changes(config, start, {sig})]
+    signals = [signal_of(c.after, config.name) for c in binlog_changes(config, start, {sig})]
     assert signals == [
         ("request", params["id"], {"action": "snapshot", "tables": [tables.qualified], "where": "n >= 1",
                                    "chunk_size": 7}),
