@@ -11,7 +11,8 @@ The window on MySQL/MariaDB. A chunk read is three steps on one connection:
    itself (a fresh id, so it is a real change that goes through the binlog's group commit);
 2. ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` (REPEATABLE READ): the read view is taken now;
    the chunk is selected by keyset on the primary key (``(pk) > (last key) ORDER BY pk LIMIT n+1``,
-   plus the request's ``where``) and, when it has rows, the *high watermark* (``kind =
+   the row comparison written out term by term so MariaDB reads a range of the key, plus the
+   request's ``where``) and, when it has rows, the *high watermark* (``kind =
    'watermark'``, ``id`` = the chunk's id) is upserted in the same transaction, which commits.
 
 Why this is DBLog's guarantee here. The server commits transactions to InnoDB in the order it
@@ -113,8 +114,13 @@ _UPSERT = (
 
 
 def quote_mysql(name: str) -> str:
-    """``shop.Order`s`` → `` `shop`.`Order``s` `` (split at the first dot: the config allows one)."""
-    return ".".join("`" + part.replace("`", "``") + "`" for part in name.split(".", 1))
+    """A table: ``shop.Order`s`` → `` `shop`.`Order``s` `` (split at the first dot: the config allows one)."""
+    return ".".join(map(_ident, name.split(".", 1)))
+
+
+def _ident(name: str) -> str:
+    """One identifier (a column: a dot in it is part of the name)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def signal_table(config: PollerConfig) -> str:
@@ -285,14 +291,13 @@ class MysqlChunkReader:
         """
         table = state.tables[0]
         pk = self.pk(table)
-        cols = ", ".join(quote_mysql(p) for p in pk)
+        cols = ", ".join(map(_ident, pk))
         conditions: list[str] = []
         chunk_id = chunk_id or uuid.uuid4().hex
         size = min(limit or state.chunk_size, state.chunk_size)
         params: dict[str, Any] = {"n": size + 1}
         if state.last_key is not None:
-            binds = ", ".join(f":k{i}" for i in range(len(pk)))
-            conditions.append(f"({cols}) > ({binds})")
+            conditions.append(_after_key(pk))
             params.update({f"k{i}": state.last_key[p] for i, p in enumerate(pk)})
         if state.where:
             fragment, bound = where_sql(state.where, self.columns(table), self._dialect)
@@ -344,6 +349,18 @@ class MysqlChunkReader:
 
     def _signal_params(self, kind: str, signal_id: str) -> dict[str, Any]:
         return {"poller": self._config.name, "kind": kind, "id": signal_id, "data": "{}"}
+
+
+def _after_key(pk: Sequence[str]) -> str:
+    """``(a, b) > (:k0, :k1)`` written out as ``a > :k0 OR (a = :k0 AND b > :k1)``: MariaDB (10.11)
+    does not use the key's range for a row comparison and scans the table from its start for every
+    chunk; the written-out form is a range on the primary key on MariaDB and MySQL alike."""
+    quoted = [_ident(p) for p in pk]
+    terms = [
+        "(" + " AND ".join([*(f"{q} = :k{j}" for j, q in enumerate(quoted[:i])), f"{quoted[i]} > :k{i}"]) + ")"
+        for i in range(len(quoted))
+    ]
+    return "(" + " OR ".join(terms) + ")"
 
 
 def _exact(result: sa.CursorResult[Any], table: str) -> list[Any]:
