@@ -29,7 +29,7 @@ MIN_RETENTION_SECONDS = 3 * 86400
 
 _SETTINGS = (
     "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
-    "binlog_expire_logs_seconds", "expire_logs_days", "version",
+    "binlog_expire_logs_seconds", "expire_logs_days", "version", "binlog_order_commits",
 )  # fmt: skip
 _AZURE = "Azure Flexible Server: Server parameters in the portal, or az mysql flexible-server parameter set"
 _WANTED = {
@@ -62,6 +62,7 @@ def binlog_checks(cfg: PollerConfig, *, others: tuple[PollerConfig, ...] = (), f
                 else:
                     yield Check(p, name, "ok", wanted)
             yield _retention_check(p, values)
+            yield from _commit_order_check(cfg, values)
             yield from _server_id_checks(conn, cfg, values, others)
             yield from _grant_checks(conn, p)
             yield from _table_checks(conn, cfg)
@@ -86,6 +87,21 @@ def _retention_check(p: str, values: dict[str, str]) -> Check:
         return Check(p, "binlog retention", "warn", f"binlogs are kept {seconds} s: a poller stopped longer "
                      f"loses its place (an error, not a skip); {fix}")  # fmt: skip
     return Check(p, "binlog retention", "ok", f"binlogs kept {seconds} s")
+
+
+def _commit_order_check(cfg: PollerConfig, values: dict[str, str]) -> Iterator[Check]:
+    """A snapshot's barrier (poller/snapshot_mysql.py) needs InnoDB to commit in binlog order: MySQL's
+    ``binlog_order_commits`` (ON by default); MariaDB has no such setting (it always does)."""
+    value = values.get("binlog_order_commits")
+    if value is None or not snapshot_mysql.READY:
+        return
+    if value.upper() == "ON":
+        yield Check(cfg.name, "binlog_order_commits", "ok", "ON (commits are visible in binlog order)")
+        return
+    status: Status = "fail" if cfg.snapshot == "initial" else "warn"
+    yield Check(cfg.name, "binlog_order_commits", status,
+                f"binlog_order_commits is {value}: a snapshot could deliver a row older than a change already "
+                f"delivered; set it to ON (the default) before snapshotting; {_AZURE}")  # fmt: skip
 
 
 def _server_id_checks(

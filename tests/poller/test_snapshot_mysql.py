@@ -317,3 +317,22 @@ def test_a_chunk_reads_a_range_of_the_key_not_the_table_before_it(tables: Binlog
     # before them (a row comparison is a full scan on MariaDB: the keyset is written out)
     assert chunk is not None and [chunk.key_of(t) for t in chunk.tuples] == [(590, f"b{i}") for i in range(4, 9)]
     assert read < 100, f"{read} handler reads for a chunk of 5"
+
+
+def test_validate_wants_binlog_order_commits_on_for_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+    # MySQL's setting (MariaDB has none: it commits in binlog order always), read by validate's query
+    from dbfanout.ops import binlog_checks
+    from poller import snapshot_mysql
+    from tests.poller.mysql_binlog_support import poller_config
+
+    config = poller_config("mysql+pymysql://u@h/shop", ["orders"])
+    monkeypatch.setattr(snapshot_mysql, "READY", True)
+    check = binlog_checks._commit_order_check
+    assert [(c.status, c.name) for c in check(config, {"binlog_order_commits": "ON"})] == [
+        ("ok", "binlog_order_commits")
+    ]
+    (off,) = check(config, {"binlog_order_commits": "OFF"})
+    assert off.status == "warn" and "set it to ON" in off.detail
+    assert list(check(config, {})) == []  # MariaDB
+    monkeypatch.setattr(snapshot_mysql, "READY", False)
+    assert list(check(config, {"binlog_order_commits": "OFF"})) == []  # no snapshots yet: nothing to say
