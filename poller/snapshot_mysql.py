@@ -40,6 +40,9 @@ With ``binlog_order_commits = OFF`` (MySQL only) the barrier proves nothing: ``d
 should refuse snapshots then (MariaDB has no such setting). A read never returns None here (the
 barrier replaces PostgreSQL's refusal of a racy snapshot); the signature keeps it for the interface.
 
+TIMESTAMP columns are read in UTC (the session's ``time_zone`` is set for the read), as the binlog
+carries them: a chunk row has the values (and key) the stream's events of the same row have.
+
 A row's version (what a re-read of the same unchanged row in one snapshot run gets the same event
 id from; PostgreSQL's is its ``xmin``) is a hash of its column names and values: InnoDB exposes no
 row version. Tuples are shaped as PostgreSQL's: the row's columns, the version, a flag (false).
@@ -309,6 +312,9 @@ class MysqlChunkReader:
         upsert = _upsert(self._config)
         conn.rollback()  # whatever the connection did before: the barrier is a transaction of its own
         try:
+            # TIMESTAMP values as the binlog carries them (UTC), not in the session's zone: a chunk
+            # row must equal the stream's image of the same row (its values, and its key).
+            conn.exec_driver_sql("SET time_zone = '+00:00'")
             conn.execute(upsert, self._signal_params(KIND_BARRIER, uuid.uuid4().hex))
             conn.commit()  # returns once every transaction before it in the binlog is visible
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the next transaction's

@@ -336,3 +336,28 @@ def test_validate_wants_binlog_order_commits_on_for_snapshots(monkeypatch: pytes
     assert list(check(config, {})) == []  # MariaDB
     monkeypatch.setattr(snapshot_mysql, "READY", False)
     assert list(check(config, {"binlog_order_commits": "OFF"})) == []  # no snapshots yet: nothing to say
+
+
+def test_a_timestamp_is_read_as_the_binlog_carries_it_whatever_the_sessions_zone(tables: BinlogTables) -> None:
+    # Given a table keyed by a TIMESTAMP, written by a session in another zone
+    name = f"{tables.name}_ts"
+    with tables.engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {name} (at TIMESTAMP(3) NOT NULL, v INT, PRIMARY KEY (at))"))
+    try:
+        table = f"{tables.database}.{name}"
+        start = binlog_here(tables.config)
+        with tables.engine.begin() as conn:
+            conn.exec_driver_sql("SET time_zone = '+05:00'")
+            conn.execute(sa.text(f"INSERT INTO {name} VALUES ('2024-01-02 03:04:05.500', 1)"))
+        (inserted,) = binlog_changes(tables.config, start, {table})
+        # When a chunk is read on a connection whose session is in that zone too
+        with tables.engine.connect() as conn:
+            conn.exec_driver_sql("SET time_zone = '+05:00'")
+            chunk = MysqlChunkReader(tables.config, tables.engine).read(conn, _state(table, 10), None)
+        # Then its row has the binlog's value (UTC), so a change of that key in the window drops it
+        assert chunk is not None and inserted.after is not None
+        assert chunk.tuples[0][0] == inserted.after["at"] == dt.datetime(2024, 1, 1, 22, 4, 5, 500000)
+        chunk.saw((1, 1), table, [(inserted.after["at"],)])
+        assert chunk.dropped == {inserted.after["at"]}
+    finally:
+        tables.sql(f"DROP TABLE {name}")
