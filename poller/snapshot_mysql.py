@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
 from poller.snapshot import KIND_REQUEST, KIND_WATERMARK, Chunk
@@ -80,6 +81,7 @@ __all__ = [
     "mysql_signal_sql",
     "quote_mysql",
     "row_version",
+    "row_versions",
     "signal_table",
 ]
 
@@ -180,8 +182,28 @@ def _upsert(config: PollerConfig) -> sa.TextClause:
 
 def row_version(names: Sequence[str], row: Sequence[Any]) -> str:
     """A stable digest of a row's columns and values (the same row read again gives the same one)."""
-    encoded = [[name, *encode_value(value)] for name, value in zip(names, row, strict=True)]
-    return hashlib.blake2b(dumps(encoded), digest_size=12).hexdigest()
+    return row_versions(names, [row])[0]
+
+
+def row_versions(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """:func:`row_version` of each row. orjson writes the values (the driver's types: numbers,
+    text, dates and times natively; Decimal, bytes and the like through :func:`_plain`): a column
+    has one type, so its values' texts cannot collide. A fifth of a chunk's cost with the codec's
+    tagged encoding instead; the tagged one is the fallback for what orjson refuses (a huge integer)."""
+    base = hashlib.blake2b(dumps(list(names)), digest_size=12)
+    out: list[str] = []
+    for row in rows:
+        digest = base.copy()
+        try:
+            digest.update(orjson.dumps(row, default=_plain))
+        except TypeError:
+            digest.update(dumps([encode_value(value) for value in row]))
+        out.append(digest.hexdigest())
+    return out
+
+
+def _plain(value: Any) -> str:
+    return value.hex() if isinstance(value, bytes | bytearray) else str(value)
 
 
 def _split(table: str) -> dict[str, str]:
@@ -323,7 +345,8 @@ class MysqlChunkReader:
             names = tuple(result.keys())
             fetched = fetch_tuples(result)
             more = len(fetched) > size
-            tuples = [(*row, row_version(names, row), False) for row in fetched[:size]]
+            rows = fetched[:size]
+            tuples = [(*row, version, False) for row, version in zip(rows, row_versions(names, rows), strict=True)]
             at = [names.index(p) for p in pk]
             chunk = Chunk(
                 id=chunk_id,
