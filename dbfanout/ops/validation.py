@@ -131,7 +131,7 @@ def _log_checks(
         yield from ordering_check(cfg)
         return
     source.close()
-    yield from binlog_checks(cfg, others=others)
+    yield from binlog_checks(cfg, others=others, fix=fix)
 
 
 def _notify_checks(cfg: PollerConfig, fix: bool) -> Iterator[Check]:
