@@ -345,14 +345,14 @@ def platform_child(args: argparse.Namespace) -> None:
 
     from azure.servicebus import ServiceBusClient
 
-    from dbfanout.host.batch_receive import BATCH_FILL_SECONDS, receive_batch
+    from dbfanout.host.batch_receive import SOCKET_TIMEOUT_SECONDS, receive_batch
     from shared.messages import PROP_EVENT_COUNT
 
     connection = json.loads((app / "local.settings.json").read_text())["Values"]["DBFANOUT_SERVICEBUS"]
     idle_since = time.monotonic()
     with (
         ServiceBusClient.from_connection_string(connection) as client,
-        client.get_queue_receiver(args.queue, socket_timeout=BATCH_FILL_SECONDS) as receiver,
+        client.get_queue_receiver(args.queue, socket_timeout=SOCKET_TIMEOUT_SECONDS) as receiver,
     ):
         while time.monotonic() - idle_since < 5.0:  # drained: nothing for 5 s
             msgs = receive_batch(receiver, batch_size if many else FETCH, 1.0)

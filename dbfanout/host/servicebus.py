@@ -23,7 +23,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, Servic
 from azure.servicebus.exceptions import ServiceBusError
 
 from dbfanout.host.app_loader import FunctionSpec
-from dbfanout.host.batch_receive import batch_receiver_options, receive_batch
+from dbfanout.host.batch_receive import receive_batch, receiver_options
 from dbfanout.host.hostjson import ServiceBusOptions
 from dbfanout.host.invoke import invoke
 from dbfanout.host.messages import to_functions_message
@@ -153,8 +153,7 @@ class QueueRunner(TriggerRunner[_Invocation]):
             client.close()
 
     def _pump(self, client: ServiceBusClient) -> None:
-        options = batch_receiver_options(self.many)
-        receiver = self.trigger.receiver(client, prefetch_count=self.options.prefetch_count, **options)
+        receiver = self.trigger.receiver(client, prefetch_count=self.options.prefetch_count, **receiver_options())
         with receiver:
             while not self._stop.is_set():
                 self._settle_finished(receiver, block=False)

@@ -29,7 +29,7 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBu
 from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError, SessionCannotBeLockedError
 
 from dbfanout.host.app_loader import FunctionSpec
-from dbfanout.host.batch_receive import batch_receiver_options, receive_batch
+from dbfanout.host.batch_receive import receive_batch, receiver_options
 from dbfanout.host.hostjson import ServiceBusOptions
 from dbfanout.host.runner import TriggerRunner
 from dbfanout.host.servicebus import ServiceBusTrigger, call_with_messages
@@ -106,7 +106,7 @@ class SessionQueueRunner(TriggerRunner[_Call]):
             session_id=NEXT_AVAILABLE_SESSION,
             max_wait_time=self._accept_wait,
             prefetch_count=self.options.prefetch_count,
-            **batch_receiver_options(self.trigger.many),
+            **receiver_options(),
         )
         with receiver:
             held = _Held(receiver)
