@@ -236,16 +236,17 @@ class _Discard:
         pass
 
 
-def _catch_up(cfg: PollerConfig, storage: str, sink: Any) -> float:
+def _catch_up(cfg: PollerConfig, storage: str, sink: Any) -> tuple[float, float]:
+    """Seconds of the catch-up, wall and this process's CPU (every thread)."""
     store = open_state_store(StorageConnection(connection_string=storage), "bench-state", "bench", cfg.name)
     source = SqlSource(cfg)
     source.fetch(None, 1)  # untimed warm-up: engine, reflection, first connection
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     while run_tick(cfg, source, store, sink, owner_id="bench").stop_reason != "caught_up":
         pass
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     source.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def wire_child(spec: str) -> None:
@@ -260,17 +261,27 @@ def wire_child(spec: str) -> None:
     cfg = replace(poller_config(s["url"], s["table"], s["batch"]), name=s["name"], max_uncommitted_batches=s["depth"])
     if s["kind"] == "packed":
         discard = _Discard()
-        elapsed = _catch_up(cfg, s["storage"], QueueSink(cfg, discard, limit=cfg.max_message_bytes))
-        print(json.dumps([discard.events, elapsed, 0]))
+        elapsed, cpu = _catch_up(cfg, s["storage"], QueueSink(cfg, discard, limit=cfg.max_message_bytes))
+        print(json.dumps([discard.events, elapsed, 0, cpu]))
         return
     client = ServiceBusClient.from_connection_string(s["connection"])
     sender = CountingSender(QueueSender(client, s["queue"]))
     # The link opens on the first send (about a second); a deployed poller reuses it across ticks.
     sender.send_all([OutgoingMessage(message_id=f"warm-{uuid.uuid4()}", body=b"{}", subject="warm-up", event_ids=())])
-    elapsed = _catch_up(cfg, s["storage"], ServiceBusSink(cfg, sender))  # type: ignore[arg-type]
+    elapsed, cpu = _catch_up(cfg, s["storage"], ServiceBusSink(cfg, sender))  # type: ignore[arg-type]
     sender.close()
     client.close()
-    print(json.dumps([sender.events, elapsed, sender.messages]))
+    print(json.dumps([sender.events, elapsed, sender.messages, cpu]))
+
+
+#: (code, kind) -> per run: CPU µs a row of the poller's catch-up (every thread) and of the emulator's process
+CPU_PER_ROW: dict[tuple[Path, str], list[tuple[float, float]]] = {}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def in_child(code: Path, kind: str, cfg: PollerConfig, storage: str, profile: Path | None = None) -> Measure:
@@ -291,10 +302,13 @@ def in_child(code: Path, kind: str, cfg: PollerConfig, storage: str, profile: Pa
             "queue": emulator.queue if emulator else None,
         }
         args = _python(profile.with_name(profile.name + "-poller") if profile else None, ["--child", json.dumps(spec)])
+        emulator_cpu = _cpu_seconds(emulator.proc.pid) if emulator else 0.0
         out = subprocess.run(args, env=_child_env(code), check=False, capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"the {kind} run of {code} failed:\n{out.stderr[-3000:]}")
-        rows, elapsed, messages = json.loads(out.stdout.splitlines()[-1])
+        emulator_cpu = _cpu_seconds(emulator.proc.pid) - emulator_cpu if emulator else 0.0
+        rows, elapsed, messages, cpu = json.loads(out.stdout.splitlines()[-1])
+        CPU_PER_ROW.setdefault((code, kind), []).append((cpu / rows * 1e6, emulator_cpu / rows * 1e6))
         if emulator is not None:
             held = emulator.stats()["active"]
             if held != messages:  # the warm-up message included on both sides
@@ -394,6 +408,7 @@ def main() -> None:
                 + f"   loadavg {_loadavg()}",
                 flush=True,
             )
+            print_cpu()
             if args.profile:
                 args.profile.mkdir(parents=True, exist_ok=True)
                 in_child(HERE, "wire", fresh(), azurite.connection_string, profile=args.profile / label)
@@ -402,6 +417,19 @@ def main() -> None:
         azurite.stop()
         for url, table in built:
             drop_table(url, table)
+
+
+def print_cpu() -> None:
+    """The CPU of the rounds just run, a row: the poller's process and the emulator's apart."""
+    for (code, kind), runs in sorted(CPU_PER_ROW.items(), key=lambda item: str(item[0])):
+        poller_cpu = statistics.median(c for c, _ in runs)
+        emulator_cpu = statistics.median(e for _, e in runs)
+        who = "baseline " if code != HERE else ""
+        print(
+            f"{'':<12} CPU µs a row, median of {len(runs)}: {who}{kind}: poller {poller_cpu:.2f}"
+            + (f", emulator {emulator_cpu:.2f}" if kind == "wire" else "")
+        )
+    CPU_PER_ROW.clear()
 
 
 def _loadavg() -> str:
