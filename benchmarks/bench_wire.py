@@ -23,6 +23,8 @@ ratio  : best against best over the rounds; median: the median of each round's c
 
 ``wire``, ``packed`` and ``baseline`` run in child processes (same harness, fresh interpreter).
 --baseline DIR also runs DIR's wire path (``git worktree add /tmp/base <commit>``), interleaved.
+--rtt-ms N adds N ms after every message the wire contestants send (the wait releases the GIL,
+as a socket wait does): a broker a network round trip away, which the local emulator is not.
 --profile DIR writes, after the timed rounds, one extra wire run per database under profilers:
 ``DIR/<db>-poller.txt`` and ``DIR/<db>-emulator.txt`` (benchmarks/profiled.py: CPU per thread and
 per function, the poller and the emulator apart), so the emulator's share is read separately.
@@ -207,15 +209,20 @@ class EmulatorProcess:
 
 
 class CountingSender:
-    """The real sender; counts what it was given, to check the emulator got all of it."""
+    """The real sender; counts what it was given, to check the emulator got all of it. With
+    ``rtt`` (seconds) each message also waits that long after it was accepted: a broker one
+    network round trip further away (the wait releases the GIL, as a socket wait does)."""
 
-    def __init__(self, sender: Any) -> None:
+    def __init__(self, sender: Any, rtt: float = 0.0) -> None:
         self._sender = sender
+        self._rtt = rtt
         self.messages = 0
         self.events = 0
 
     def send_all(self, messages: Sequence[OutgoingMessage]) -> None:
         self._sender.send_all(messages)
+        if self._rtt:
+            time.sleep(self._rtt * len(messages))  # a simulated network, not a wait for a condition
         self.messages += len(messages)
         self.events += sum(len(m.event_ids) for m in messages)
 
@@ -265,7 +272,7 @@ def wire_child(spec: str) -> None:
         print(json.dumps([discard.events, elapsed, 0, cpu]))
         return
     client = ServiceBusClient.from_connection_string(s["connection"])
-    sender = CountingSender(QueueSender(client, s["queue"]))
+    sender = CountingSender(QueueSender(client, s["queue"]), s["rtt"])
     # The link opens on the first send (about a second); a deployed poller reuses it across ticks.
     sender.send_all([OutgoingMessage(message_id=f"warm-{uuid.uuid4()}", body=b"{}", subject="warm-up", event_ids=())])
     elapsed, cpu = _catch_up(cfg, s["storage"], ServiceBusSink(cfg, sender))  # type: ignore[arg-type]
@@ -273,6 +280,9 @@ def wire_child(spec: str) -> None:
     client.close()
     print(json.dumps([sender.events, elapsed, sender.messages, cpu]))
 
+
+#: --rtt-ms: a simulated round trip added to every message the wire contestants send
+RTT_SECONDS = 0.0
 
 #: (code, kind) -> per run: CPU µs a row of the poller's catch-up (every thread) and of the emulator's process
 CPU_PER_ROW: dict[tuple[Path, str], list[tuple[float, float]]] = {}
@@ -300,6 +310,7 @@ def in_child(code: Path, kind: str, cfg: PollerConfig, storage: str, profile: Pa
             "storage": storage,
             "connection": emulator.connection if emulator else None,
             "queue": emulator.queue if emulator else None,
+            "rtt": RTT_SECONDS,
         }
         args = _python(profile.with_name(profile.name + "-poller") if profile else None, ["--child", json.dumps(spec)])
         emulator_cpu = _cpu_seconds(emulator.proc.pid) if emulator else 0.0
@@ -349,6 +360,12 @@ def main() -> None:
     parser.add_argument("--no-packed", action="store_true", help="leave out the packed (discarding) contestant")
     parser.add_argument("--baseline", type=Path, help="another checkout: its wire path as a contestant too")
     parser.add_argument("--profile", type=Path, help="one profiled wire run per database: poller and emulator reports")
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0.0,
+        help="add this wait to every message the wire contestants send (a broker a network round trip away)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--emulator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -359,6 +376,8 @@ def main() -> None:
         wire_child(args.child)
         return
 
+    global RTT_SECONDS
+    RTT_SECONDS = args.rtt_ms / 1000
     azurite = start_azurite()
     tmp = Path(tempfile.mkdtemp(prefix="dbfanout-wire-"))
     targets = [("sqlite-file", f"sqlite:///{tmp / 'bench.db'}")]
@@ -366,6 +385,7 @@ def main() -> None:
         targets.append(("postgresql", PG_URL))
     print(
         f"rows={args.rows}  batch={args.batch}  max_uncommitted_batches={args.depth}  best of {args.repeat}"
+        f"  rtt={args.rtt_ms:g} ms"
         f"  python={sys.version.split()[0]}  loadavg at start: {_loadavg()}"
     )
     names = ["wire"] + ([] if args.no_packed else ["packed"]) + (["baseline"] if args.baseline else [])
