@@ -14,18 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from shared.models import Batch, Checkpoint, CursorValue, Position, StateDoc
 
-__all__ = [
-    "EventFields",
-    "KeysetColumns",
-    "Page",
-    "PreparedSend",
-    "Sink",
-    "Snapshot",
-    "Source",
-    "SourceRow",
-    "SplitSink",
-    "StateStore",
-]
+__all__ = ["EventFields", "KeysetColumns", "Page", "Sink", "Snapshot", "Source", "SourceRow", "StateStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,25 +282,3 @@ class Sink(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class PreparedSend(Protocol):
-    """A batch made ready to send (messages built, nothing sent yet)."""
-
-    def discard(self) -> None:
-        """It will not be sent (the tick stopped first): release what it holds."""
-        ...
-
-
-@runtime_checkable
-class SplitSink(Protocol):
-    """A sink whose send is two steps: ``send(b)`` is ``deliver(prepare(b))``. The tick prepares
-    the next page on its thread while the previous one's round trip is in flight on another."""
-
-    def prepare(self, batch: Batch) -> PreparedSend:
-        """Build the messages (CPU only; nothing leaves the process). Raises what ``send`` would."""
-        ...
-
-    def deliver(self, prepared: PreparedSend) -> None:
-        """Send what ``prepare`` built; returns only when every message was accepted."""
-        ...

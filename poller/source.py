@@ -152,10 +152,6 @@ class SqlSource:
 
     # ------------------------------------------------------------------------------ the port
 
-    #: Reading a page changes nothing (a keyset SELECT): the tick may read and pack a page it then
-    #: drops unsent when it stops (poller.send_ahead), as it drops a prefetched one.
-    pure_reads = True
-
     @property
     def prefetch_pages(self) -> bool:
         """Whether the tick may read the next page while it sends this one (poller.prefetch).

@@ -41,9 +41,8 @@ from poller.backoff import METADATA_KEY, SinkRefusals
 from poller.committer import Committer
 from poller.events import page_batch
 from poller.lease import LeaseKeeper, PerTickLease, TickLease
-from poller.ports import CountsPending, Page, PreparedSend, Sink, Source, SplitSink, StateStore
+from poller.ports import CountsPending, Page, Sink, Source, StateStore
 from poller.prefetch import PageReader, Prefetcher, Sequential
-from poller.send_ahead import SendAhead
 from poller.wake import Waker
 from shared.config import PollerConfig
 from shared.errors import BrokerRefusingError, CommitAmbiguousError, CommitError, DbFanoutError, LostLeaseError
@@ -228,7 +227,6 @@ class Tick:
             name=f"committer-{self.name}",
         )
         pages = self._reader(position)
-        ahead = self._sender_ahead()
         moved: Position | None = None  # a position an empty page must still checkpoint (Page.advance)
         try:
             for _ in range(poller.max_batches_per_tick):
@@ -238,7 +236,10 @@ class Tick:
                     moved = page.advance
                     reason = "caught_up"
                     break
-                self.hand_over(ahead, committer, page_batch(poller, self.fingerprint, page), page)
+                batch = page_batch(poller, self.fingerprint, page)
+                committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
+                self.send(batch)
+                committer.submit(self.checkpoint_after(batch, page), len(page))
                 position = page.end
                 if page.caught_up(poller.batch_size):
                     reason = "caught_up"
@@ -246,18 +247,13 @@ class Tick:
                 if self.monotonic() >= deadline:
                     reason = "time_budget"
                     break
-            self._finish(ahead)
             landed = committer.flush()
             if moved is not None and moved != position:
                 self.commit(keeper, self.checkpoint_moved(keeper, moved))  # nothing to send: one write
         except Exception as failure:
-            if ahead is not None:
-                ahead.settle()  # its own failure, if any, is this one or later than it: the first propagates
             self._land_accepted(committer, keeper, failure)
             raise
         finally:
-            if ahead is not None:
-                ahead.close()  # nothing runs past the tick
             pages.close()
             committer.close()
         return TickResult(self.name, reason, landed.rows, landed.batches, keeper.fencing_token, nulls)
@@ -355,64 +351,8 @@ class Tick:
         """Hand the batch to the sink; returns only when every message was accepted."""
         with _stage("send", self.name):
             self.sink.send(batch)
-        self.accepted(batch)
-
-    def hand_over(
-        self, ahead: SendAhead[PreparedSend] | None, committer: Committer[Checkpoint], batch: Batch, page: Page
-    ) -> None:
-        """Send a page and submit its checkpoint once accepted: in the background while the next
-        page is packed when more pages follow and the sink can split its send, else inline (after
-        the page in flight, if any)."""
-        if ahead is not None and not page.caught_up(self.poller.batch_size):
-            self.send_ahead(ahead, committer, batch, page)
-            return
-        self._finish(ahead)  # the page before goes first
-        committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
-        self.send(batch)
-        committer.submit(self.checkpoint_after(batch, page), len(page))
-
-    def _finish(self, ahead: SendAhead[PreparedSend] | None) -> None:
-        if ahead is not None:
-            with _stage("send", self.name):
-                ahead.finish()
-
-    def send_ahead(
-        self, ahead: SendAhead[PreparedSend], committer: Committer[Checkpoint], batch: Batch, page: Page
-    ) -> None:
-        """Pack ``batch`` while the previous page's delivery is in flight, then start its own once
-        that one was accepted (its checkpoint submitted) and the committer has room."""
-        with _stage("send", self.name):
-            prepared = self.sink.prepare(batch)  # type: ignore[attr-defined]  # a SplitSink (_sender_ahead)
-        try:
-            self._finish(ahead)
-            committer.wait_for_room()
-        except BaseException:
-            prepared.discard()  # never sent: the next tick packs the page again
-            raise
-
-        def accepted() -> None:
-            self.accepted(batch)
-            committer.submit(self.checkpoint_after(batch, page), len(page))
-
-        ahead.start(prepared, accepted)
-
-    def accepted(self, batch: Batch) -> None:
-        """After the sink accepted every message of ``batch``."""
         self.refusals.accepted(len(batch.events))
         log.info("batch enqueued", extra=ids(poller=self.name, batch_id=batch.batch_id, events=len(batch.events)))
-
-    def _sender_ahead(self) -> SendAhead[PreparedSend] | None:
-        """A page's delivery overlapped with reading and packing the next (:mod:`poller.send_ahead`)
-        when the sink can split its send, the source's reads have no side effects (keyset queries:
-        a page read before the one in flight failed is dropped unsent) and the poller does not ask
-        for the strict order (max_uncommitted_batches = 1)."""
-        if (
-            not isinstance(self.sink, SplitSink)
-            or getattr(self.source, "pure_reads", False) is not True
-            or self.poller.max_uncommitted_batches <= 1
-        ):
-            return None
-        return SendAhead(self.sink.deliver, name=self.name)
 
     def backoff_over(self, until: float | None) -> bool:
         """Whether a send may be tried now: no backoff, or its window ended (a lingering tick,

@@ -29,9 +29,6 @@ __all__ = [
     "messaging_system",
     "record_failure",
     "send_span",
-    "span_in_thread",
-    "start_send_span",
-    "traceparent_of",
     "tracer",
 ]
 
@@ -74,36 +71,7 @@ def send_span(
     poller: str, destination: str, batch_id: str, events: int, *, transport: str = "servicebus"
 ) -> Iterator[Span]:
     """The poller's span around sending one page (a producer span)."""
-    attributes = _send_attributes(poller, destination, batch_id, events, transport)
-    with _failing(tracer.start_as_current_span("dbfanout.send", kind=SpanKind.PRODUCER, **_quiet(attributes))) as span:
-        yield span
-
-
-def start_send_span(
-    poller: str, destination: str, batch_id: str, events: int, *, transport: str = "servicebus"
-) -> Span:
-    """:func:`send_span`'s span, started but not made current: a page packed on the tick's thread
-    and sent on another (:func:`span_in_thread` there ends it)."""
-    attributes = _send_attributes(poller, destination, batch_id, events, transport)
-    return tracer.start_span("dbfanout.send", kind=SpanKind.PRODUCER, **_quiet(attributes))
-
-
-def traceparent_of(span: Span) -> str | None:
-    """The W3C ``traceparent`` of ``span``; None when it is not recording (no SDK)."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return carrier.get(PROP_TRACEPARENT)
-
-
-@contextmanager
-def span_in_thread(span: Span) -> Iterator[Span]:
-    """``span`` current on this thread for the block, a failure recorded (scrubbed), ended at exit."""
-    with _failing(trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False)):
-        yield span
-
-
-def _send_attributes(poller: str, destination: str, batch_id: str, events: int, transport: str) -> dict[str, Any]:
-    return {
+    attributes = {
         "messaging.system": messaging_system(transport),
         "messaging.operation": "publish",
         "messaging.destination.name": destination,
@@ -111,6 +79,8 @@ def _send_attributes(poller: str, destination: str, batch_id: str, events: int, 
         "dbfanout.batch_id": batch_id,
         "dbfanout.events": events,
     }
+    with _failing(tracer.start_as_current_span("dbfanout.send", kind=SpanKind.PRODUCER, **_quiet(attributes))) as span:
+        yield span
 
 
 @contextmanager
