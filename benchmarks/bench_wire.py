@@ -20,6 +20,9 @@ packed : the same catch-up with the real packing and a sender that discards the 
          (bench_poller's headline): wire - packed is the send's own cost.
 ratio  : best against best over the rounds; median: the median of each round's contestant ÷ floor,
          the measures of a round run back to back (the steadier figure on a shared machine).
+CPU    : µs a row of the catch-up, medians over the rounds: the poller's process (every thread,
+         ``time.process_time``) and the emulator's (``/proc/<pid>/stat``, from before the child
+         starts to its end: its share of the wire path; on Azure the broker is not ours).
 
 ``wire``, ``packed`` and ``baseline`` run in child processes (same harness, fresh interpreter).
 --baseline DIR also runs DIR's wire path (``git worktree add /tmp/base <commit>``), interleaved.
