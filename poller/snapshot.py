@@ -119,6 +119,15 @@ _PUBLISHED = sa.text(
 )
 
 
+def within(start: Any, scanned_to: Any, position: Any) -> bool:
+    """Whether ``position`` lies in ``[start, scanned_to]`` (``scanned_to`` None: ``start``), over
+    opaque ordered position keys where None is before the whole log."""
+    if position is None:
+        return start is None
+    high = start if scanned_to is None else scanned_to
+    return (start is None or start <= position) and high is not None and position <= high
+
+
 def qualified(table: str) -> str:
     """``orders`` → ``public.orders`` (how the log names a table)."""
     return table if "." in table else f"public.{table}"
@@ -234,12 +243,12 @@ class Chunk:
     table: str
     pk: tuple[str, ...]
     names: tuple[str, ...]  # the row's columns: each tuple holds them, then the row's xmin (as text), then more
-    start: tuple[int, int] | None  # P: the stream position the window opens at
+    start: Any  # P: the stream position key the window opens at (opaque, ordered; None: before the log)
     tuples: Sequence[Any]  # the selected rows, in key order
     key_of: Callable[[Any], Any]  # a tuple's key: the value of a one-column key, else a tuple
     last_key: dict[str, Any] | None  # the last key selected (dropped or not): the next chunk starts after it
     more: bool  # the table has rows after it
-    scanned_to: tuple[int, int] | None = None  # the log read so far by this chunk's window
+    scanned_to: Any = None  # the log read so far by this chunk's window (a position key)
     ready_at: dt.datetime | None = None  # when its high watermark committed (read from the log): rows may go
     keys: set[Any] = field(default_factory=set)  # every selected key
     dropped: set[Any] = field(default_factory=set)  # the keys the log changed inside the window
@@ -252,12 +261,11 @@ class Chunk:
     def done(self) -> bool:
         return self.taken >= len(self.tuples)
 
-    def covers(self, state: SnapshotState | None, position: tuple[int, int] | None) -> bool:
+    def covers(self, state: SnapshotState | None, position: Any) -> bool:
         """Whether this chunk's window has read the log contiguously from its start to ``position``."""
-        low, high = self.start or (-1, -1), self.scanned_to or self.start or (-1, -1)
-        return state == self.state and low <= (position or (-1, -1)) <= high
+        return state == self.state and within(self.start, self.scanned_to, position)
 
-    def saw(self, key: tuple[int, int], table: str | None, keys: Sequence[tuple[Any, ...]]) -> None:
+    def saw(self, key: Any, table: str | None, keys: Sequence[tuple[Any, ...]]) -> None:
         """A change read from the log inside the window: its keys leave the chunk."""
         self.scanned_to = key
         if table == self.table:
@@ -388,9 +396,7 @@ class ChunkReader:
             )
         self._published = True
 
-    def read_ahead(
-        self, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str, limit: int | None = None
-    ) -> Chunk | None:
+    def read_ahead(self, state: SnapshotState, start: Any, chunk_id: str, limit: int | None = None) -> Chunk | None:
         """:meth:`read` on a pooled connection of its own (a chunk read while the tick sends the last one's rows)."""
         with self._engine.connect() as conn:
             return self.read(conn, state, start, chunk_id, limit)
@@ -399,7 +405,7 @@ class ChunkReader:
         self,
         conn: sa.Connection,
         state: SnapshotState,
-        start: tuple[int, int] | None,
+        start: Any,
         chunk_id: str | None = None,
         limit: int | None = None,
     ) -> Chunk | None:
