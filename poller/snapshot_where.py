@@ -9,9 +9,15 @@ is turned into a SQLAlchemy expression: identifiers quoted by the dialect, every
 parameter. Anything else — a subquery, a function call, a cast, a second statement, a comment, a
 parameter marker, an unknown or qualified column — is refused with the reason, before anything runs.
 
-The parsing is sqlglot's (pure Python; in the ``postgres`` extra beside psycopg, imported only when
-a condition is checked): its syntax tree is walked and only the node types above are accepted, so
-what sqlglot understands beyond them is refused rather than passed on.
+The parsing is sqlglot's (pure Python; in the ``postgres`` and ``mysql-binlog`` extras, imported
+only when a condition is checked): its syntax tree is walked and only the node types above are
+accepted, so what sqlglot understands beyond them is refused rather than passed on.
+
+The source's dialect (``where_sql``'s ``dialect``; PostgreSQL by default) decides how the condition
+is read and written: PostgreSQL reads ``"Name"`` as a quoted identifier, folds an unquoted one to
+lower case and renders ``"name"``; MySQL/MariaDB read `` `Name` `` as an identifier (and a
+double-quoted text as a string, as the server does by default), match a column name whatever its
+case (as the server does) and render `` `name` ``.
 """
 
 from __future__ import annotations
@@ -23,14 +29,17 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 
-__all__ = ["PARAM_PREFIX", "WhereRefused", "condition", "where_sql"]
+__all__ = ["MYSQL_DIALECTS", "PARAM_PREFIX", "WhereRefused", "condition", "where_sql"]
 
 #: The bound parameters of a condition are named PARAM_PREFIX + n (none of the chunk select's own).
 PARAM_PREFIX = "dbfanout_w"
 _MAX_LENGTH = 4000  # a condition is a line typed by an operator, not a document
 _NAMED: sa.Dialect = postgresql.dialect(paramstyle="named")  # type: ignore[no-untyped-call]  # quoting as PostgreSQL, ``:name`` binds for sa.text
+_MYSQL_NAMED: sa.Dialect = mysql.dialect(paramstyle="named")  # backticks, ``:name`` binds
+#: SQLAlchemy dialect names (``engine.dialect.name``) read and written as MySQL (MariaDB's is "mysql" too).
+MYSQL_DIALECTS = frozenset({"mysql", "mariadb"})
 
 
 class WhereRefused(ValueError):
@@ -41,6 +50,7 @@ class WhereRefused(ValueError):
 class _Parts:
     columns: Collection[str]
     params: dict[str, Any]
+    mysql: bool = False  # column names match whatever their case (MySQL's rule), else PostgreSQL's
 
 
 def condition(text: str, columns: Collection[str]) -> sa.ColumnElement[bool]:
@@ -52,18 +62,22 @@ def condition(text: str, columns: Collection[str]) -> sa.ColumnElement[bool]:
     return expression
 
 
-def where_sql(text: str, columns: Collection[str]) -> tuple[str, dict[str, Any]]:
-    """``text`` as a fragment for ``sa.text`` (identifiers quoted by PostgreSQL's dialect, values as
+def where_sql(text: str, columns: Collection[str], dialect: str = "postgresql") -> tuple[str, dict[str, Any]]:
+    """``text`` as a fragment for ``sa.text`` (identifiers quoted by ``dialect``'s rules — a
+    SQLAlchemy dialect name, PostgreSQL's by default, see the module docstring — values as
     ``:dbfanout_wN`` binds) and its parameters. Raises :class:`WhereRefused`."""
-    expression, params = _convert(text, columns)
-    sql = str(expression.compile(dialect=_NAMED))
+    mysql_rules = dialect in MYSQL_DIALECTS
+    expression, params = _convert(text, columns, mysql_rules)
+    sql = str(expression.compile(dialect=_MYSQL_NAMED if mysql_rules else _NAMED))
     # sa.text reads ``:word`` as a bind: escape every colon but our own binds' (a quoted column
     # name may hold one). The names are ours: no value or identifier of the input is a bind name.
     sql = re.sub(r":(?!" + PARAM_PREFIX + r"\d+\b)", r"\\:", sql)
     return sql, params
 
 
-def _convert(text: str, columns: Collection[str]) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:
+def _convert(
+    text: str, columns: Collection[str], mysql_rules: bool = False
+) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:
     if not isinstance(text, str) or not text.strip():
         raise WhereRefused("the condition is empty")
     if len(text) > _MAX_LENGTH:
@@ -77,12 +91,12 @@ def _convert(text: str, columns: Collection[str]) -> tuple[sa.ColumnElement[bool
             "(requirements-drivers.txt for the app; pip install 'dbfanout[postgres]' for the CLI)"
         ) from exc
     try:
-        statements = [s for s in sqlglot.parse(text, read="postgres") if s is not None]
+        statements = [s for s in sqlglot.parse(text, read="mysql" if mysql_rules else "postgres") if s is not None]
     except SqlglotError as exc:
         raise WhereRefused(f"the condition does not parse: {str(exc).splitlines()[0]}") from exc
     if len(statements) != 1:
         raise WhereRefused("the condition must be one expression (no ';', no second statement)")
-    parts = _Parts(columns, {})
+    parts = _Parts(columns, {}, mysql_rules)
     return _boolean(statements[0], parts), parts.params
 
 
@@ -174,11 +188,16 @@ def _column(node: Any, parts: _Parts) -> sa.ColumnClause[Any]:
         raise _refuse(node, "a column is named by itself, not qualified")
     identifier = node.this
     _check_comments(identifier)
-    # PostgreSQL folds an unquoted name to lower case; a quoted one is exact.
+    # PostgreSQL folds an unquoted name to lower case; a quoted one is exact. MySQL's column names
+    # match whatever their case, quoted or not: the table's own spelling is used.
     name = identifier.this if identifier.quoted else str(identifier.this).lower()
+    if parts.mysql:
+        name = next((c for c in parts.columns if c.lower() == str(identifier.this).lower()), name)
     if name not in parts.columns:
         known = ", ".join(sorted(parts.columns))
         raise _refuse(node, f"unknown column {name!r} (the table's columns: {known})")
+    if parts.mysql:  # always quoted: a name that is a keyword of a newer server than SQLAlchemy knows
+        return sa.column(sa.sql.quoted_name(name, True))
     return sa.column(name)
 
 
