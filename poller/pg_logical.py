@@ -46,7 +46,7 @@ from poller.pg_peek import Buffer, SlotReader
 from poller.pg_slot import SlotGuard
 from poller.pgoutput import Change, Relation
 from poller.ports import EventFields, Page, SourceRow
-from poller.snapshot import ChunkReader, signal_of, signal_sql
+from poller.snapshot import ChunkReader, qualified, signal_of, signal_sql
 from poller.snapshot_coordinator import ChunkSource, Fetched, LogRead, Signal, SnapshotCoordinator
 from shared.config import PollerConfig
 from shared.errors import ConfigError, PositionLostError, SourceError
@@ -307,6 +307,9 @@ class PgLogicalSource:
     @property
     def signal_table(self) -> str:
         return self._signal
+
+    def qualify(self, table: str) -> str:
+        return qualified(table)
 
     def key_of(self, position: Position | None) -> tuple[int, int] | None:
         return _key(position)

@@ -194,11 +194,14 @@ def chunk_size(config: PollerConfig, requested: Any = None) -> int:
     return max(config.batch_size, min(CHUNK_PAGES * config.batch_size, CHUNK_MAX_ROWS))
 
 
-def initial_state(config: PollerConfig, now: dt.datetime, estimate: int | None) -> SnapshotState:
-    """``snapshot = "initial"``: every table of the poller, from its start."""
+def initial_state(
+    config: PollerConfig, now: dt.datetime, estimate: int | None, *, qualify: Callable[[str], str] = qualified
+) -> SnapshotState:
+    """``snapshot = "initial"``: every table of the poller, from its start (``qualify``: how the
+    log names a table; PostgreSQL's ``public.`` by default)."""
     return SnapshotState(
         id="initial",
-        tables=tuple(qualified(t) for t in config.tables),
+        tables=tuple(qualify(t) for t in config.tables),
         chunk_size=chunk_size(config),
         estimate=estimate,
         started_at=now,
@@ -206,9 +209,16 @@ def initial_state(config: PollerConfig, now: dt.datetime, estimate: int | None) 
 
 
 def apply_request(
-    config: PollerConfig, state: SnapshotState | None, data: Mapping[str, Any], request_id: str, at: dt.datetime
+    config: PollerConfig,
+    state: SnapshotState | None,
+    data: Mapping[str, Any],
+    request_id: str,
+    at: dt.datetime,
+    *,
+    qualify: Callable[[str], str] = qualified,
 ) -> tuple[SnapshotState | None, str | None]:
-    """The state after a request row read from the log, and a warning when it was refused."""
+    """The state after a request row read from the log, and a warning when it was refused
+    (``qualify``: how the log names a table)."""
     action = data.get("action")
     if action == "cancel":
         if state is None or not state.active:
@@ -216,9 +226,9 @@ def apply_request(
         return replace(state, tables=(), last_key=None, finished_at=at, cancelled=True), None
     if action != "snapshot":
         return state, f"request {request_id}: unknown action {action!r} ignored"
-    known = [qualified(t) for t in config.tables]
+    known = [qualify(t) for t in config.tables]
     asked = data.get("tables") or known
-    tables = [qualified(str(t)) for t in asked]
+    tables = [qualify(str(t)) for t in asked]
     unknown = [t for t in tables if t not in known]
     if unknown:
         return state, f"request {request_id}: {', '.join(unknown)} not among the poller's tables; ignored"

@@ -33,7 +33,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import sqlalchemy as sa
 
 from poller.ports import EventFields, Page, SourceRow
-from poller.snapshot import KIND_REQUEST, KIND_WATERMARK, Chunk, apply_request, initial_state, qualified, within
+from poller.snapshot import KIND_REQUEST, KIND_WATERMARK, Chunk, apply_request, initial_state, within
 from poller.snapshot_where import WhereRefused
 from shared.config import PollerConfig
 from shared.logs import get_logger, ids
@@ -84,6 +84,9 @@ class LogReader(Protocol[C]):
     @property
     def signal_table(self) -> str:
         """The signal table's name as the log's changes name it (``LogChange.table``)."""
+
+    def qualify(self, table: str) -> str:
+        """A configured table's name as the log's changes name it (``orders`` → ``public.orders``)."""
 
     def key_of(self, position: Position | None) -> Any:
         """A checkpoint's position key (None: before the whole log). Raises SourceError for a
@@ -239,7 +242,7 @@ class SnapshotCoordinator(Generic[C]):
         are valid where the last page ended), so a steady stream does not stall the snapshot.
         """
         key = self._log.key_of(after)
-        begun = self._state_at(after)
+        begun = self.state_at(after)
         scan: _Scan[C] = _Scan(begun, key, key)
         more = False
         if self._owed:
@@ -347,7 +350,7 @@ class SnapshotCoordinator(Generic[C]):
             # position is the same whenever this request is read again).
             signal_id = f"{signal_id}@{where}"
         at = self._log.committed_at(c)
-        state, warning = apply_request(self._config, scan.state, data, signal_id, at)
+        state, warning = apply_request(self._config, scan.state, data, signal_id, at, qualify=self._log.qualify)
         if warning:
             self._warn_once(f"request-{signal_id}", "%s", warning)
         if state is not None and state.active and state.where is not None:
@@ -368,15 +371,16 @@ class SnapshotCoordinator(Generic[C]):
                  extra=ids(poller=self._config.name))  # fmt: skip
         scan.state, self._chunk = state, None
 
-    def _state_at(self, after: Position | None) -> SnapshotState | None:
+    def state_at(self, after: Position | None) -> SnapshotState | None:
         """The snapshot state a fetch starts with: the checkpoint's, or the initial one on a first start."""
         if after is not None:
             return after.snapshot
         if self._config.snapshot != "initial":
             return None
         if self._initial is None:  # one per process: a chunk read for it stays valid across fetches
-            tables = [qualified(t) for t in self._config.tables]
-            self._initial = initial_state(self._config, dt.datetime.now(dt.UTC), self.chunks.estimate(tables))
+            qualify = self._log.qualify
+            estimate = self.chunks.estimate([qualify(t) for t in self._config.tables])
+            self._initial = initial_state(self._config, dt.datetime.now(dt.UTC), estimate, qualify=qualify)
         return self._initial
 
     # ------------------------------------------------------------------------------ chunks

@@ -29,13 +29,10 @@ def test_one_table_may_be_given_as_table() -> None:
     assert parse_config({"app": {"name": "t"}, "pollers": {"log": raw}}, {}).pollers["log"].tables == ("shop.orders",)
 
 
-@pytest.mark.parametrize("snapshot", [{"snapshot": "initial"}, {"snapshot_chunk_size": 100}])
-def test_a_snapshot_is_refused_saying_it_is_not_available_yet_and_what_to_do(snapshot: dict[str, object]) -> None:
-    with pytest.raises(ConfigError) as exc:
-        parse_config(_binlog(**snapshot), {})
-    assert exc.value.key == "pollers.log.snapshot"
-    text = f"{exc.value} {exc.value.hint}"
-    assert "not available" in text and "keyset" in text
+def test_snapshot_keys_apply_to_binlog_pollers_the_signal_table_in_the_source_database() -> None:
+    log = parse_config(_binlog(snapshot="initial", snapshot_chunk_size=100), {}).pollers["log"]
+    assert (log.snapshot, log.snapshot_chunk_size, log.signal_table) == ("initial", 100, "public.dbfanout_signal")
+    assert parse_config(_binlog(signal_table="shop.sig"), {}).pollers["log"].signal_table == "shop.sig"
 
 
 @pytest.mark.parametrize(
