@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
@@ -56,7 +56,7 @@ from shared.logs import get_logger
 from shared.models import Checkpoint, CursorValue, Position, SnapshotState
 from shared.settings import redact_url
 
-__all__ = ["MysqlBinlogSource", "qualified_tables"]
+__all__ = ["MysqlBinlogSource", "qualified_tables", "table_qualifier"]
 
 log = get_logger("poller.mysql_binlog")
 
@@ -82,6 +82,16 @@ def qualified_tables(config: PollerConfig, database: str | None) -> frozenset[st
     return frozenset(out)
 
 
+def table_qualifier(config: PollerConfig) -> Callable[[str], str]:
+    """How the binlog names a table of the poller: ``orders`` is ``<the URL's database>.orders``."""
+    database = sa.make_url(config.source_url).database
+
+    def qualify(table: str) -> str:
+        return table if "." in table else f"{database}.{table}"
+
+    return qualify
+
+
 class MysqlBinlogSource:
     """The :class:`~poller.ports.Source` port over a MySQL/MariaDB row-based binlog."""
 
@@ -100,8 +110,8 @@ class MysqlBinlogSource:
                 f"{self._engine.dialect.name})",
             )  # fmt: skip
         self._url = redact_url(config.source_url)
-        self._database = sa.make_url(config.source_url).database
-        self._tables = qualified_tables(config, self._database)
+        self._tables = qualified_tables(config, sa.make_url(config.source_url).database)
+        self._qualify = table_qualifier(config)
         self._fingerprint = source_fingerprint(
             {"url": self._url, "kind": "mysql_binlog", "tables": sorted(self._tables), "pk": list(config.pk)}
         )
@@ -210,7 +220,7 @@ class MysqlBinlogSource:
         return self._signal
 
     def qualify(self, table: str) -> str:
-        return table if "." in table else f"{self._database}.{table}"
+        return self._qualify(table)
 
     def key_of(self, position: Position | None) -> BinlogPosition | None:
         return BinlogPosition.from_position(position) if position is not None else None
@@ -356,7 +366,7 @@ class MysqlBinlogSource:
                 f"(the oldest binlog on {self._url} is {files[0]}): changes after it are lost to this poller",
                 hint="raise the binlog retention (binlog_expire_logs_seconds) so it cannot happen again; then "
                 "`dbfanout checkpoint reset` the poller (it resumes at the binlog's end) and reload the tables' "
-                "rows yourself (snapshots are not available for mysql_binlog yet); see docs/operations.md",
+                "rows with `dbfanout snapshot`; see docs/operations.md",
             )
         return end
 
@@ -394,7 +404,7 @@ def _binlog_errors(context: str, config: PollerConfig) -> Iterator[None]:
                     f"{context}: the server cannot send the binlog from the checkpoint: {message}",
                     hint="the binlog at the checkpoint was purged (raise binlog_expire_logs_seconds), or the "
                     "GTID state is unknown to this server; `dbfanout checkpoint reset` the poller and reload "
-                    "the tables' rows; see docs/operations.md",
+                    "the tables' rows with `dbfanout snapshot`; see docs/operations.md",
                 ) from exc
             raise FetchError(f"{context} failed: {message}") from exc
         except pymysql.err.MySQLError as exc:

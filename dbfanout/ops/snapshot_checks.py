@@ -1,8 +1,9 @@
-"""``dbfanout validate`` and ``status`` for the snapshots of a ``kind = "pg_logical"`` poller.
+"""``dbfanout validate`` and ``status`` for the snapshots of a ``pg_logical`` or ``mysql_binlog`` poller.
 
 Who may write the signal table (a request is read and run by the poller with its own role), what
 concurrent workers need to apply a snapshot's reads in order, and an initial snapshot configured
-too late to run.
+too late to run. For a binlog poller: its signal table in the source database (``--fix`` creates
+it) and the commit order its chunk reads rely on.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from collections.abc import Iterator
 
 import sqlalchemy as sa
 
-from dbfanout.ops.checks import Check
+from dbfanout.ops.checks import Check, Status
 from poller.engines import source_engine
 from poller.snapshot import quote_table
 from shared.config import PollerConfig
 from shared.models import Position
 
-__all__ = ["initial_too_late", "ordering_check", "signal_grant_checks"]
+__all__ = ["binlog_signal_checks", "initial_too_late", "ordering_check", "signal_grant_checks"]
+
+_SNAPSHOT_KINDS = ("pg_logical", "mysql_binlog")
 
 # Roles other than the poller's own (current_user) and superusers that may write the signal table,
 # through a grant to them, to a role they are members of, or to PUBLIC. pg_* roles are built in.
@@ -62,7 +65,7 @@ def signal_grant_checks(cfg: PollerConfig) -> Iterator[Check]:
 def ordering_check(cfg: PollerConfig) -> Iterator[Check]:
     """A snapshot's reads are ordered with the stream's changes on the queue; concurrent workers
     without sessions can apply them out of order."""
-    if cfg.kind != "pg_logical" or cfg.sessions or cfg.snapshot != "initial":
+    if cfg.kind not in _SNAPSHOT_KINDS or cfg.sessions or cfg.snapshot != "initial":
         return
     yield Check(cfg.name, "snapshot order", "warn",
                 "snapshot = \"initial\" delivers to a queue without sessions: concurrent workers may apply a "
@@ -73,7 +76,41 @@ def ordering_check(cfg: PollerConfig) -> Iterator[Check]:
 def initial_too_late(cfg: PollerConfig, position: Position | None) -> str | None:
     """What to do when ``snapshot = "initial"`` was added to a poller that already has a checkpoint
     (the initial snapshot runs on a first start only): None when it does not apply."""
-    if cfg.kind != "pg_logical" or cfg.snapshot != "initial" or position is None or position.snapshot is not None:
+    if (
+        cfg.kind not in _SNAPSHOT_KINDS
+        or cfg.snapshot != "initial"
+        or position is None
+        or position.snapshot is not None
+    ):
         return None
     return (f'snapshot = "initial" runs on a first start only, and poller {cfg.name} has a checkpoint: no snapshot '
             f"ran; run `dbfanout snapshot {cfg.name}` to read its tables now")  # fmt: skip
+
+
+def binlog_signal_checks(cfg: PollerConfig, fix: bool) -> Iterator[Check]:
+    """A mysql_binlog poller's signal table (requests and watermarks come through the binlog from
+    it; ``fix`` creates it), and MySQL's ``binlog_order_commits``, which a chunk's barrier needs
+    (see poller/snapshot_mysql.py; MariaDB always commits in binlog order)."""
+    from poller.snapshot_mysql import MysqlChunkReader, mysql_signal_sql, signal_table
+
+    table = signal_table(cfg)
+    needed: Status = "fail" if cfg.snapshot == "initial" else "warn"  # without it: no initial snapshot, no requests
+    try:
+        engine = source_engine(cfg)
+        if fix:
+            with engine.begin() as conn:
+                for statement in mysql_signal_sql(cfg):
+                    conn.execute(sa.text(statement))
+        MysqlChunkReader(cfg, engine).check_published()
+        yield Check(cfg.name, "signal table", "ok", f"{table} exists (InnoDB): snapshots can be requested")
+        with engine.connect() as conn:
+            order = conn.execute(sa.text("SHOW GLOBAL VARIABLES LIKE 'binlog_order_commits'")).first()
+            conn.rollback()
+    except Exception as exc:  # a database error is a failed check, never a crash of validate
+        hint = getattr(exc, "hint", None)
+        yield Check(cfg.name, "signal table", needed, f"{exc}" + (f" ({hint})" if hint else ""))
+        return
+    if order is not None and str(order[1]).upper() != "ON":
+        yield Check(cfg.name, "snapshot order", "fail",
+                    "binlog_order_commits is OFF: a snapshot chunk's rows could be emitted before a change they "
+                    "missed; set binlog_order_commits = ON (the default) before snapshots run")  # fmt: skip

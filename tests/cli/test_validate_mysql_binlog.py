@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 from tests.cli.conftest import Workspace
 from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables
@@ -55,11 +56,39 @@ def test_validate_checks_the_binlog_and_a_tick_delivers_a_hard_delete(
     assert row["source"]["lag_bytes"] < 1024 and row["source"]["binlog_end"].startswith("binlog")
 
 
-def test_snapshot_of_a_binlog_poller_is_refused_saying_it_is_not_available_yet(
+def test_validate_fix_creates_the_signal_table_then_a_snapshot_is_queued_read_and_shown_by_status(
     workspace: Workspace, tables: BinlogTables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Given a binlog poller with a signal table of its own (not created yet), its start taken,
+    # and rows that existed before it
     _add_poller(workspace, tables, monkeypatch)
-    result = workspace.run("snapshot", "changes")
-    assert result.exit_code == 2
-    text = result.stdout + result.stderr
-    assert "not available" in text and "keyset" in text
+    signal = f"{tables.name}_sig"
+    workspace.config_path.write_text(workspace.config_path.read_text() + f'signal_table = "{signal}"\n')
+    tables.insert([1, 2, 3])
+    try:
+        workspace.tick("changes")
+        # validate says the signal table is missing; --fix creates it
+        checks = {c["name"]: c for c in json.loads(workspace.run("validate", "changes", "--json").stdout)["checks"]}
+        assert checks["signal table"]["status"] == "warn" and "validate --fix" in checks["signal table"]["detail"]
+        fixed = workspace.run("validate", "changes", "--fix", "--json")
+        checks = {c["name"]: c for c in json.loads(fixed.stdout)["checks"]}
+        assert checks["signal table"]["status"] == "ok", fixed.stdout
+        # When `dbfanout snapshot` queues one (a table of another poller is refused) and the poller ticks
+        refused = workspace.run("snapshot", "changes", "--table", "elsewhere")
+        assert refused.exit_code == 2 and "not among" in refused.stdout + refused.stderr
+        queued = workspace.run("snapshot", "changes", "--json")
+        assert queued.exit_code == 0, queued.stdout + queued.stderr
+        assert json.loads(queued.stdout)["tables"] == [tables.qualified]
+        from tests.poller.tick_support import RecordingSink
+
+        sink = RecordingSink()
+        workspace.tick("changes", sink=sink)
+        # Then every existing row came as a read, and status shows the snapshot done
+        reads = [e for b in sink.accepted for e in b.events if e.change == "read"]
+        assert sorted(e.pk["id"] for e in reads) == [1, 2, 3]
+        (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+        snap = row["snapshot"]
+        assert (snap["status"], snap["rows"], snap["id"]) == ("done", 3, json.loads(queued.stdout)["request"])
+    finally:
+        with tables.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {signal}"))
