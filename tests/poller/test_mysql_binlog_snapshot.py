@@ -28,7 +28,7 @@ from poller.state_memory import MemoryStateStore
 from poller.tick import run_tick
 from shared.config import PollerConfig
 from shared.models import RowChange, SnapshotState
-from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables, events_of
+from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables, events_of, stale_or_resurrected
 from tests.poller.tick_support import RecordingSink, drain
 from tests.support.databases import unique_name
 
@@ -97,26 +97,6 @@ def _state(store: MemoryStateStore) -> SnapshotState | None:
     snap = store.load()
     assert snap is not None and snap.doc.checkpoint.position is not None
     return snap.doc.checkpoint.position.snapshot
-
-
-def _stale_or_resurrected(events: list[RowChange]) -> list[tuple[Any, ...]]:
-    """Snapshot rows older than a change of their key delivered before them.
-
-    Every write sets ``n`` to a version that only grows per key (a delete first sets it, so its
-    before image carries it); in delivery order a key's versions must never go back, and a read
-    after a delete must be of a row inserted after it (a higher version).
-    """
-    last: dict[int, tuple[int, bool]] = {}  # key -> (version, deleted)
-    bad: list[tuple[Any, ...]] = []
-    for e in events:
-        image = e.before if e.change == "delete" else e.after
-        assert image is not None
-        version, key = int(image["n"]), e.pk["id"]
-        seen = last.get(key)
-        if e.change == "read" and seen is not None and (version < seen[0] or (seen[1] and version <= seen[0])):
-            bad.append((key, e.change, version, seen))
-        last[key] = (max(version, seen[0]) if seen else version, e.change == "delete")
-    return bad
 
 
 def test_an_initial_snapshot_delivers_every_existing_row_once_then_streams(tables: BinlogTables) -> None:
@@ -240,7 +220,7 @@ def test_a_snapshot_under_concurrent_writes_and_restarts_is_never_stale_nor_resu
     assert state is not None and not state.active and state.error is None, state
     reads = [e for e in events if e.change == "read"]
     assert reads and state.rows > 0
-    assert _stale_or_resurrected(events) == []
+    assert stale_or_resurrected(events) == []
     # and the target rebuilt from every event equals the source
     assert _rebuild(events) == _source_rows(tables)
 
