@@ -11,7 +11,8 @@ The window on MySQL/MariaDB. A chunk read is three steps on one connection:
    itself (a fresh id, so it is a real change that goes through the binlog's group commit);
 2. ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` (REPEATABLE READ): the read view is taken now;
    the chunk is selected by keyset on the primary key (``(pk) > (last key) ORDER BY pk LIMIT n+1``,
-   plus the request's ``where``) and, when it has rows, the *high watermark* (``kind =
+   the row comparison written out term by term so MariaDB reads a range of the key, plus the
+   request's ``where``) and, when it has rows, the *high watermark* (``kind =
    'watermark'``, ``id`` = the chunk's id) is upserted in the same transaction, which commits.
 
 Why this is DBLog's guarantee here. The server commits transactions to InnoDB in the order it
@@ -39,6 +40,9 @@ With ``binlog_order_commits = OFF`` (MySQL only) the barrier proves nothing: ``d
 should refuse snapshots then (MariaDB has no such setting). A read never returns None here (the
 barrier replaces PostgreSQL's refusal of a racy snapshot); the signature keeps it for the interface.
 
+TIMESTAMP columns are read in UTC (the session's ``time_zone`` is set for the read), as the binlog
+carries them: a chunk row has the values (and key) the stream's events of the same row have.
+
 A row's version (what a re-read of the same unchanged row in one snapshot run gets the same event
 id from; PostgreSQL's is its ``xmin``) is a hash of its column names and values: InnoDB exposes no
 row version. Tuples are shaped as PostgreSQL's: the row's columns, the version, a flag (false).
@@ -58,6 +62,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
 from poller.snapshot import KIND_REQUEST, KIND_WATERMARK, Chunk
@@ -70,15 +75,21 @@ from shared.models import SnapshotState
 
 __all__ = [
     "KIND_BARRIER",
+    "READY",
     "MysqlChunkReader",
     "mysql_request_statement",
     "mysql_signal_sql",
     "quote_mysql",
     "row_version",
+    "row_versions",
     "signal_table",
 ]
 
 KIND_BARRIER = "barrier"
+#: Whether mysql_binlog pollers act on signal rows: they do (the snapshot coordinator reads the
+#: binlog's signal rows), so `dbfanout snapshot` writes requests for them and `validate` asks for
+#: the signal table.
+READY = True
 #: ``signal_table``'s schema when none was configured (the config's PostgreSQL default).
 _DEFAULT_SCHEMA = "public"
 
@@ -107,8 +118,13 @@ _UPSERT = (
 
 
 def quote_mysql(name: str) -> str:
-    """``shop.Order`s`` → `` `shop`.`Order``s` `` (split at the first dot: the config allows one)."""
-    return ".".join("`" + part.replace("`", "``") + "`" for part in name.split(".", 1))
+    """A table: ``shop.Order`s`` → `` `shop`.`Order``s` `` (split at the first dot: the config allows one)."""
+    return ".".join(map(_ident, name.split(".", 1)))
+
+
+def _ident(name: str) -> str:
+    """One identifier (a column: a dot in it is part of the name)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def signal_table(config: PollerConfig) -> str:
@@ -165,8 +181,28 @@ def _upsert(config: PollerConfig) -> sa.TextClause:
 
 def row_version(names: Sequence[str], row: Sequence[Any]) -> str:
     """A stable digest of a row's columns and values (the same row read again gives the same one)."""
-    encoded = [[name, *encode_value(value)] for name, value in zip(names, row, strict=True)]
-    return hashlib.blake2b(dumps(encoded), digest_size=12).hexdigest()
+    return row_versions(names, [row])[0]
+
+
+def row_versions(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """:func:`row_version` of each row. orjson writes the values (the driver's types: numbers,
+    text, dates and times natively; Decimal, bytes and the like through :func:`_plain`): a column
+    has one type, so its values' texts cannot collide. A fifth of a chunk's cost with the codec's
+    tagged encoding instead; the tagged one is the fallback for what orjson refuses (a huge integer)."""
+    base = hashlib.blake2b(dumps(list(names)), digest_size=12)
+    out: list[str] = []
+    for row in rows:
+        digest = base.copy()
+        try:
+            digest.update(orjson.dumps(row, default=_plain))
+        except TypeError:
+            digest.update(dumps([encode_value(value) for value in row]))
+        out.append(digest.hexdigest())
+    return out
+
+
+def _plain(value: Any) -> str:
+    return value.hex() if isinstance(value, bytes | bytearray) else str(value)
 
 
 def _split(table: str) -> dict[str, str]:
@@ -279,14 +315,13 @@ class MysqlChunkReader:
         """
         table = state.tables[0]
         pk = self.pk(table)
-        cols = ", ".join(quote_mysql(p) for p in pk)
+        cols = ", ".join(map(_ident, pk))
         conditions: list[str] = []
         chunk_id = chunk_id or uuid.uuid4().hex
         size = min(limit or state.chunk_size, state.chunk_size)
         params: dict[str, Any] = {"n": size + 1}
         if state.last_key is not None:
-            binds = ", ".join(f":k{i}" for i in range(len(pk)))
-            conditions.append(f"({cols}) > ({binds})")
+            conditions.append(_after_key(pk))
             params.update({f"k{i}": state.last_key[p] for i, p in enumerate(pk)})
         if state.where:
             fragment, bound = where_sql(state.where, self.columns(table), self._dialect)
@@ -298,6 +333,9 @@ class MysqlChunkReader:
         upsert = _upsert(self._config)
         conn.rollback()  # whatever the connection did before: the barrier is a transaction of its own
         try:
+            # TIMESTAMP values as the binlog carries them (UTC), not in the session's zone: a chunk
+            # row must equal the stream's image of the same row (its values, and its key).
+            conn.exec_driver_sql("SET time_zone = '+00:00'")
             conn.execute(upsert, self._signal_params(KIND_BARRIER, uuid.uuid4().hex))
             conn.commit()  # returns once every transaction before it in the binlog is visible
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the next transaction's
@@ -306,7 +344,8 @@ class MysqlChunkReader:
             names = tuple(result.keys())
             fetched = fetch_tuples(result)
             more = len(fetched) > size
-            tuples = [(*row, row_version(names, row), False) for row in fetched[:size]]
+            rows = fetched[:size]
+            tuples = [(*row, version, False) for row, version in zip(rows, row_versions(names, rows), strict=True)]
             at = [names.index(p) for p in pk]
             chunk = Chunk(
                 id=chunk_id,
@@ -338,6 +377,18 @@ class MysqlChunkReader:
 
     def _signal_params(self, kind: str, signal_id: str) -> dict[str, Any]:
         return {"poller": self._config.name, "kind": kind, "id": signal_id, "data": "{}"}
+
+
+def _after_key(pk: Sequence[str]) -> str:
+    """``(a, b) > (:k0, :k1)`` written out as ``a > :k0 OR (a = :k0 AND b > :k1)``: MariaDB (10.11)
+    does not use the key's range for a row comparison and scans the table from its start for every
+    chunk; the written-out form is a range on the primary key on MariaDB and MySQL alike."""
+    quoted = [_ident(p) for p in pk]
+    terms = [
+        "(" + " AND ".join([*(f"{q} = :k{j}" for j, q in enumerate(quoted[:i])), f"{quoted[i]} > :k{i}"]) + ")"
+        for i in range(len(quoted))
+    ]
+    return "(" + " OR ".join(terms) + ")"
 
 
 def _exact(result: sa.CursorResult[Any], table: str) -> list[Any]:

@@ -87,8 +87,9 @@ def _convert(
         from sqlglot.errors import SqlglotError
     except ImportError as exc:  # never run a condition that could not be checked
         raise WhereRefused(
-            "checking a condition needs sqlglot, which is not installed: add sqlglot>=26,<31 beside psycopg "
-            "(requirements-drivers.txt for the app; pip install 'dbfanout[postgres]' for the CLI)"
+            "checking a condition needs sqlglot, which is not installed: add sqlglot>=26,<31 beside the driver "
+            "(requirements-drivers.txt for the app; pip install 'dbfanout[postgres]' or 'dbfanout[mysql-binlog]' "
+            "for the CLI)"
         ) from exc
     try:
         statements = [s for s in sqlglot.parse(text, read="mysql" if mysql_rules else "postgres") if s is not None]

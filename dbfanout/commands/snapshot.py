@@ -1,15 +1,15 @@
 """``dbfanout snapshot POLLER [--table T] [--where SQL] [--chunk-size N] [--cancel]``.
 
-Queues an incremental snapshot of a live ``kind = "pg_logical"`` or ``kind = "mysql_binlog"``
-poller (or cancels the running one) by writing a request row to the poller's signal table. The
-poller reads it from its log (the slot, the binlog) in order with the changes (poller/snapshot.py),
-so the request never races the poller's own state writes; ``dbfanout status`` shows the progress.
+Queues an incremental snapshot of a live ``kind = "pg_logical"`` poller (or cancels the running
+one) by writing a request row to the poller's signal table. The poller reads it from its slot in
+order with the changes (poller/snapshot.py), so the request never races the poller's own state
+writes; ``dbfanout status`` shows the progress. A ``kind = "mysql_binlog"`` poller reads the same
+row from its binlog (poller/snapshot_mysql.py: MySQL's SQL, tables named ``database.table``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import sqlalchemy as sa
 import typer
@@ -28,11 +28,11 @@ from dbfanout.commands.common import (
 from poller.engines import source_engine
 from poller.snapshot import ChunkReader, qualified, request_statement
 from poller.snapshot import chunk_size as snapshot_chunk_size
-from poller.snapshot_coordinator import ChunkSource
 from poller.snapshot_where import WhereRefused
 from shared.config import PollerConfig
 
-Request = Callable[..., tuple[sa.TextClause, dict[str, Any]]]
+if TYPE_CHECKING:
+    from poller.snapshot_mysql import MysqlChunkReader
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
 
 
 def snapshot_command(
-    poller: Annotated[str, typer.Argument(help='A kind = "pg_logical" or "mysql_binlog" poller')],
+    poller: Annotated[str, typer.Argument(help='A kind = "pg_logical" (or "mysql_binlog") poller')],
     table: Annotated[
         list[str] | None, typer.Option("--table", "-t", help="Only this table of the poller (repeatable; default: all)")
     ] = None,
@@ -61,26 +61,32 @@ def snapshot_command(
     json_out: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Queue a snapshot of a live pg_logical or mysql_binlog poller's tables (or --cancel it): every row is
-    delivered once as a "read" event while the changes keep flowing. Follow it with `dbfanout status POLLER`."""
+    """Queue a snapshot of a live pg_logical poller's tables (or --cancel it): every row is delivered once
+    as a "read" event while the changes keep flowing. Follow it with `dbfanout status POLLER`."""
     with reporting_errors():
         cfg = load(config).poller(poller)
-        qualify, reader, request = _snapshot_sql(cfg)
-        tables = _tables(cfg, table or [], qualify)
+        tables = _tables(cfg, table or [])
         if cancel and (table or where or chunk_size):
             fail("--cancel takes no --table, --where or --chunk-size", EXIT_USAGE)
+        engine = source_engine(cfg)
+        reader = _reader(cfg)
         reader.check_published()  # the request reaches the poller only through its log
         if where is not None and not cancel:
-            _check_where(reader, tables or [qualify(t) for t in cfg.tables], where)
-        engine = source_engine(cfg)
-        statement, params = request(cfg, tables=tables, where=where, chunk_size=chunk_size, cancel=cancel)
+            _check_where(reader, tables or _known(cfg), where)
+        if cfg.kind == "mysql_binlog":
+            from poller.snapshot_mysql import mysql_request_statement
+
+            write = mysql_request_statement
+        else:
+            write = request_statement
+        statement, params = write(cfg, tables=tables, where=where, chunk_size=chunk_size, cancel=cancel)
         with engine.begin() as conn:
             conn.execute(statement, params)
     out: dict[str, Any] = {
         "poller": cfg.name,
         "request": params["id"],
         "action": "cancel" if cancel else "snapshot",
-        "tables": tables or [qualify(t) for t in cfg.tables],
+        "tables": tables or _known(cfg),
         "where": where,
         "chunk_size": snapshot_chunk_size(cfg, chunk_size),
     }
@@ -89,19 +95,37 @@ def snapshot_command(
         return
     what = "cancel of the running snapshot" if cancel else f"snapshot of {', '.join(out['tables'])}"
     console.print(
-        f"queued: {what} (request {params['id']}); poller {cfg.name} reads it from its log on its next tick. "
+        f"queued: {what} (request {params['id']}); poller {cfg.name} reads it from its "
+        f"{'binlog' if cfg.kind == 'mysql_binlog' else 'slot'} on its next tick. "
         f"Follow it with `dbfanout status {cfg.name}`."
     )
 
 
-def _snapshot_sql(cfg: PollerConfig) -> tuple[Callable[[str], str], ChunkSource, Request]:
-    """How the poller's log names a table, its chunk reader (the checks) and its request statement."""
+def _reader(cfg: PollerConfig) -> ChunkReader | MysqlChunkReader:
     if cfg.kind == "mysql_binlog":
-        # Imported here: the MySQL snapshot SQL is for binlog pollers only
-        from poller.mysql_binlog import table_qualifier
-        from poller.snapshot_mysql import MysqlChunkReader, mysql_request_statement
+        from poller.snapshot_mysql import MysqlChunkReader  # MySQL's SQL: imported for binlog pollers only
 
-        return table_qualifier(cfg), MysqlChunkReader(cfg, source_engine(cfg)), mysql_request_statement
+        return MysqlChunkReader(cfg, source_engine(cfg))
+    return ChunkReader(cfg, source_engine(cfg))
+
+
+def _known(cfg: PollerConfig) -> list[str]:
+    """The poller's tables as its log names them (pg_logical: ``schema.table``; binlog: ``database.table``)."""
+    if cfg.kind == "mysql_binlog":
+        database = sa.make_url(cfg.source_url).database
+        return [t if "." in t or not database else f"{database}.{t}" for t in cfg.tables]
+    return [qualified(t) for t in cfg.tables]
+
+
+def _tables(cfg: PollerConfig, asked: list[str]) -> list[str]:
+    if cfg.kind == "mysql_binlog":
+        from poller import snapshot_mysql
+
+        if not snapshot_mysql.READY:
+            _binlog_not_ready(cfg)
+        known = _known(cfg)
+        tables = [t if "." in t else next((k for k in known if k.partition(".")[2] == t), t) for t in asked]
+        return _among(cfg, tables, known)
     if cfg.kind != "pg_logical":
         fail(
             f'poller {cfg.name} is kind = "{cfg.kind}": snapshots are for kind = "pg_logical" and "mysql_binlog" '
@@ -109,19 +133,26 @@ def _snapshot_sql(cfg: PollerConfig) -> tuple[Callable[[str], str], ChunkSource,
             EXIT_USAGE,
             "a keyset poller re-reads a table with `dbfanout checkpoint reset`; see docs/operations.md",
         )
-    return qualified, ChunkReader(cfg, source_engine(cfg)), request_statement
+    return _among(cfg, [qualified(t) for t in asked], _known(cfg))
 
 
-def _tables(cfg: PollerConfig, asked: list[str], qualify: Callable[[str], str]) -> list[str]:
-    known = [qualify(t) for t in cfg.tables]
-    tables = [qualify(t) for t in asked]
+def _among(cfg: PollerConfig, tables: list[str], known: list[str]) -> list[str]:
     unknown = [t for t in tables if t not in known]
     if unknown:
         fail(f"{', '.join(unknown)} not among poller {cfg.name}'s tables ({', '.join(known)})", EXIT_USAGE)
     return tables
 
 
-def _check_where(reader: ChunkSource, tables: list[str], where: str) -> None:
+def _binlog_not_ready(cfg: PollerConfig) -> None:
+    fail(
+        f'poller {cfg.name} is kind = "mysql_binlog": snapshots are not available for binlog pollers yet',
+        EXIT_USAGE,
+        "to deliver the rows that exist, run a keyset poller (same handler) over the tables; "
+        "see docs/operations.md, MySQL and MariaDB binlog",
+    )
+
+
+def _check_where(reader: ChunkReader | MysqlChunkReader, tables: list[str], where: str) -> None:
     """The condition must be a sentence of the grammar over every table's columns; nothing of it runs."""
     try:
         reader.check_where(tables, where)

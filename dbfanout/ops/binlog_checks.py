@@ -3,7 +3,8 @@ the replica server id, the grants, the tables, and a real replication stream.
 
 Every failed check says what to change; nothing is changed for the user (binlog settings are
 server parameters: on Azure Database for MySQL Flexible Server they are set in the portal or with
-``az mysql flexible-server parameter set``).
+``az mysql flexible-server parameter set``), except that ``--fix`` creates the snapshot signal
+table (poller/snapshot_mysql.py), as it does for pg_logical pollers.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from collections.abc import Iterator
 
 import sqlalchemy as sa
 
-from dbfanout.ops.checks import Check
+from dbfanout.ops.checks import Check, Status
+from poller import snapshot_mysql
 from poller.engines import source_engine
 from poller.mysql_binlog import MysqlBinlogSource, qualified_tables
+from poller.snapshot_mysql import mysql_signal_sql, quote_mysql, signal_table
 from shared.config import PollerConfig
+from shared.errors import ConfigError
 
 __all__ = ["MIN_RETENTION_SECONDS", "binlog_checks"]
 
@@ -25,7 +29,7 @@ MIN_RETENTION_SECONDS = 3 * 86400
 
 _SETTINGS = (
     "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
-    "binlog_expire_logs_seconds", "expire_logs_days", "version",
+    "binlog_expire_logs_seconds", "expire_logs_days", "version", "binlog_order_commits",
 )  # fmt: skip
 _AZURE = "Azure Flexible Server: Server parameters in the portal, or az mysql flexible-server parameter set"
 _WANTED = {
@@ -35,8 +39,9 @@ _WANTED = {
 }
 
 
-def binlog_checks(cfg: PollerConfig, *, others: tuple[PollerConfig, ...] = ()) -> Iterator[Check]:
-    """The checks of one mysql_binlog poller (``others``: the config's other pollers, for server ids)."""
+def binlog_checks(cfg: PollerConfig, *, others: tuple[PollerConfig, ...] = (), fix: bool = False) -> Iterator[Check]:
+    """The checks of one mysql_binlog poller (``others``: the config's other pollers, for server ids;
+    ``fix``: create the signal table when it is missing)."""
     p = cfg.name
     try:
         with source_engine(cfg).connect() as conn:
@@ -57,9 +62,11 @@ def binlog_checks(cfg: PollerConfig, *, others: tuple[PollerConfig, ...] = ()) -
                 else:
                     yield Check(p, name, "ok", wanted)
             yield _retention_check(p, values)
+            yield from _commit_order_check(cfg, values)
             yield from _server_id_checks(conn, cfg, values, others)
             yield from _grant_checks(conn, p)
             yield from _table_checks(conn, cfg)
+            yield from _signal_check(conn, cfg, fix)
             conn.rollback()
         yield from _stream_check(cfg)
     except Exception as exc:  # a database error is a failed check, never a crash of validate
@@ -80,6 +87,21 @@ def _retention_check(p: str, values: dict[str, str]) -> Check:
         return Check(p, "binlog retention", "warn", f"binlogs are kept {seconds} s: a poller stopped longer "
                      f"loses its place (an error, not a skip); {fix}")  # fmt: skip
     return Check(p, "binlog retention", "ok", f"binlogs kept {seconds} s")
+
+
+def _commit_order_check(cfg: PollerConfig, values: dict[str, str]) -> Iterator[Check]:
+    """A snapshot's barrier (poller/snapshot_mysql.py) needs InnoDB to commit in binlog order: MySQL's
+    ``binlog_order_commits`` (ON by default); MariaDB has no such setting (it always does)."""
+    value = values.get("binlog_order_commits")
+    if value is None or not snapshot_mysql.READY:
+        return
+    if value.upper() == "ON":
+        yield Check(cfg.name, "binlog_order_commits", "ok", "ON (commits are visible in binlog order)")
+        return
+    status: Status = "fail" if cfg.snapshot == "initial" else "warn"
+    yield Check(cfg.name, "binlog_order_commits", status,
+                f"binlog_order_commits is {value}: a snapshot could deliver a row older than a change already "
+                f"delivered; set it to ON (the default) before snapshotting; {_AZURE}")  # fmt: skip
 
 
 def _server_id_checks(
@@ -148,6 +170,36 @@ def _table_checks(conn: sa.Connection, cfg: PollerConfig) -> Iterator[Check]:
             yield Check(cfg.name, "table", "fail", f"{table} has no primary key: add one, or set pk")
         else:
             yield Check(cfg.name, "table", "ok", f"{table}")
+
+
+def _signal_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator[Check]:
+    """The snapshot signal table (watermarks and `dbfanout snapshot` requests, read from the binlog)."""
+    try:
+        table = signal_table(cfg)
+    except ConfigError as exc:  # no database to put it in: only worth saying when it is wanted
+        if fix or snapshot_mysql.READY:
+            yield Check(cfg.name, "signal table", "fail", str(exc))
+        return
+    (create,) = mysql_signal_sql(cfg)
+    schema, _, name = table.partition(".")
+    engines = conn.execute(
+        sa.text("SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = :s AND TABLE_NAME = :t"),
+        {"s": schema, "t": name},
+    )
+    engine = next((str(e) for n, e in engines if n == name), None)  # the collation ignores case: the exact one
+    if engine is not None and engine.lower() != "innodb":
+        yield Check(cfg.name, "signal table", "fail", f"{table} is {engine}: snapshots need InnoDB (its commits "
+                    f"are in binlog order): ALTER TABLE {quote_mysql(table)} ENGINE=InnoDB")  # fmt: skip
+    elif engine is not None:
+        yield Check(cfg.name, "signal table", "ok", f"{table} exists")
+    elif fix:
+        conn.execute(sa.text(create))
+        conn.commit()
+        yield Check(cfg.name, "signal table", "ok", f"created: {create}")
+    elif snapshot_mysql.READY:  # until snapshots of binlog pollers run, nothing needs it
+        status: Status = "fail" if cfg.snapshot == "initial" else "warn"
+        fix_it = f"run `dbfanout validate --fix`, or: {create}"
+        yield Check(cfg.name, "signal table", status, f"{table} does not exist (snapshots need it): {fix_it}")
 
 
 def _stream_check(cfg: PollerConfig) -> Iterator[Check]:

@@ -2,8 +2,7 @@
 
 Who may write the signal table (a request is read and run by the poller with its own role), what
 concurrent workers need to apply a snapshot's reads in order, and an initial snapshot configured
-too late to run. For a binlog poller: its signal table in the source database (``--fix`` creates
-it) and the commit order its chunk reads rely on.
+too late to run (a binlog poller's signal table and commit order: dbfanout/ops/binlog_checks.py).
 """
 
 from __future__ import annotations
@@ -12,13 +11,13 @@ from collections.abc import Iterator
 
 import sqlalchemy as sa
 
-from dbfanout.ops.checks import Check, Status
+from dbfanout.ops.checks import Check
 from poller.engines import source_engine
 from poller.snapshot import quote_table
 from shared.config import PollerConfig
 from shared.models import Position
 
-__all__ = ["binlog_signal_checks", "initial_too_late", "ordering_check", "signal_grant_checks"]
+__all__ = ["initial_too_late", "ordering_check", "signal_grant_checks"]
 
 _SNAPSHOT_KINDS = ("pg_logical", "mysql_binlog")
 
@@ -85,32 +84,3 @@ def initial_too_late(cfg: PollerConfig, position: Position | None) -> str | None
         return None
     return (f'snapshot = "initial" runs on a first start only, and poller {cfg.name} has a checkpoint: no snapshot '
             f"ran; run `dbfanout snapshot {cfg.name}` to read its tables now")  # fmt: skip
-
-
-def binlog_signal_checks(cfg: PollerConfig, fix: bool) -> Iterator[Check]:
-    """A mysql_binlog poller's signal table (requests and watermarks come through the binlog from
-    it; ``fix`` creates it), and MySQL's ``binlog_order_commits``, which a chunk's barrier needs
-    (see poller/snapshot_mysql.py; MariaDB always commits in binlog order)."""
-    from poller.snapshot_mysql import MysqlChunkReader, mysql_signal_sql, signal_table
-
-    table = signal_table(cfg)
-    needed: Status = "fail" if cfg.snapshot == "initial" else "warn"  # without it: no initial snapshot, no requests
-    try:
-        engine = source_engine(cfg)
-        if fix:
-            with engine.begin() as conn:
-                for statement in mysql_signal_sql(cfg):
-                    conn.execute(sa.text(statement))
-        MysqlChunkReader(cfg, engine).check_published()
-        yield Check(cfg.name, "signal table", "ok", f"{table} exists (InnoDB): snapshots can be requested")
-        with engine.connect() as conn:
-            order = conn.execute(sa.text("SHOW GLOBAL VARIABLES LIKE 'binlog_order_commits'")).first()
-            conn.rollback()
-    except Exception as exc:  # a database error is a failed check, never a crash of validate
-        hint = getattr(exc, "hint", None)
-        yield Check(cfg.name, "signal table", needed, f"{exc}" + (f" ({hint})" if hint else ""))
-        return
-    if order is not None and str(order[1]).upper() != "ON":
-        yield Check(cfg.name, "snapshot order", "fail",
-                    "binlog_order_commits is OFF: a snapshot chunk's rows could be emitted before a change they "
-                    "missed; set binlog_order_commits = ON (the default) before snapshots run")  # fmt: skip

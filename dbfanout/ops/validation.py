@@ -31,7 +31,7 @@ from dbfanout.ops.checks import (
 )
 from dbfanout.ops.context import open_store
 from dbfanout.ops.slot_checks import slot_checks
-from dbfanout.ops.snapshot_checks import binlog_signal_checks, initial_too_late, ordering_check, signal_grant_checks
+from dbfanout.ops.snapshot_checks import initial_too_late, ordering_check, signal_grant_checks
 from dbfanout.ops.topic_checks import topic_checks
 from poller.events import to_batch
 from poller.mysql_binlog import MysqlBinlogSource
@@ -131,8 +131,7 @@ def _log_checks(
         yield from ordering_check(cfg)
         return
     source.close()
-    yield from binlog_checks(cfg, others=others)
-    yield from binlog_signal_checks(cfg, fix)
+    yield from binlog_checks(cfg, others=others, fix=fix)
     yield from ordering_check(cfg)
 
 

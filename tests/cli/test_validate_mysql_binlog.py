@@ -1,15 +1,24 @@
-"""validate, status, tick and snapshot for a kind = "mysql_binlog" poller: MariaDB with the binlog on, Azurite."""
+"""validate, status, tick and snapshot for a kind = "mysql_binlog" poller: MariaDB with the binlog on, Azurite.
+
+``validate --fix`` creates the snapshot signal table; ``dbfanout snapshot`` writes MySQL's request row
+(``poller.snapshot_mysql.READY``: the snapshot coordinator reads the binlog's signal rows).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
+from poller.snapshot import apply_request, signal_of
+from poller.snapshot_mysql import signal_table
+from shared.config import PollerConfig
 from tests.cli.conftest import Workspace
-from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables
+from tests.poller.mysql_binlog_support import BinlogTables, binlog_changes, binlog_here, binlog_tables
+from tests.support.databases import unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +101,87 @@ def test_validate_fix_creates_the_signal_table_then_a_snapshot_is_queued_read_an
     finally:
         with tables.engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {signal}"))
+
+
+@pytest.fixture
+def own_database(tables: BinlogTables) -> Iterator[str]:
+    """A database of its own for the poller's URL: its signal table (``<database>.dbfanout_signal``,
+    the default) is this test's alone, created by nothing but the test."""
+    name = unique_name("sigdb")
+    with tables.engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    try:
+        yield name
+    finally:
+        with tables.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE {name}"))
+
+
+def _add_poller_in(
+    workspace: Workspace, tables: BinlogTables, database: str, monkeypatch: pytest.MonkeyPatch
+) -> PollerConfig:
+    """A poller whose URL names ``database`` and whose table is named with its own database."""
+    url = sa.make_url(tables.url).set(database=database).render_as_string(hide_password=False)
+    monkeypatch.setenv("BINLOG_URL", url)
+    workspace.config_path.write_text(
+        workspace.config_path.read_text()
+        + '\n[pollers.changes]\nkind = "mysql_binlog"\nsource_url = "${BINLOG_URL}"\n'
+        + f'tables = ["{tables.qualified}"]\nqueue = "{workspace.queue}"\n'
+    )
+    return workspace.config.poller("changes")
+
+
+def _signal_check(workspace: Workspace, *args: str) -> list[dict[str, str]]:
+    result = workspace.run("validate", "changes", "--json", *args)
+    return [c for c in json.loads(result.stdout)["checks"] if c["name"] == "signal table"]
+
+
+def test_validate_fix_creates_the_signal_table_in_the_source_database(
+    workspace: Workspace, tables: BinlogTables, own_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _add_poller_in(workspace, tables, own_database, monkeypatch)
+    # A missing signal table is a warning naming the fix
+    (missing,) = _signal_check(workspace)
+    assert missing["status"] == "warn" and "dbfanout validate --fix" in missing["detail"]
+    # --fix creates it, an InnoDB table in the URL's database; then it exists
+    (created,) = _signal_check(workspace, "--fix")
+    assert created["status"] == "ok" and created["detail"].startswith("created: CREATE TABLE")
+    with tables.engine.connect() as conn:
+        engine = conn.execute(
+            sa.text("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = :s AND TABLE_NAME = :t"),
+            {"s": own_database, "t": "dbfanout_signal"},
+        ).scalar()
+    assert engine == "InnoDB"
+    (exists,) = _signal_check(workspace)
+    assert exists == {**exists, "status": "ok", "detail": f"{own_database}.dbfanout_signal exists"}
+
+
+def test_snapshot_writes_a_request_the_binlog_carries_to_signal_of(
+    workspace: Workspace, tables: BinlogTables, own_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _add_poller_in(workspace, tables, own_database, monkeypatch)
+    # Without the signal table the request is refused, naming the fix
+    refused = workspace.run("snapshot", "changes")
+    assert refused.exit_code != 0 and "validate --fix" in refused.stdout + refused.stderr
+    assert workspace.run("validate", "changes", "--fix").exit_code in (0, 1)
+    # A condition outside the grammar or over unknown columns is refused before anything is written
+    bad = workspace.run("snapshot", "changes", "--where", "nope = 1")
+    assert bad.exit_code == 2 and "--where refused" in bad.stdout + bad.stderr
+    # When a snapshot of one table is requested (named without its database: the poller's is found)
+    start = binlog_here(cfg)
+    result = workspace.run(
+        "snapshot", "changes", "--table", tables.name, "--where", "N >= 1 AND v <> 'x'", "--chunk-size", "9", "--json"
+    )
+    assert result.exit_code == 0, result.stdout + result.stderr
+    out = json.loads(result.stdout)
+    assert out["tables"] == [tables.qualified]
+    # Then the binlog carries the request row, and signal_of / apply_request read it as the poller will
+    changes = binlog_changes(cfg, start, {signal_table(cfg)})
+    signals = [signal_of(c.after, "changes") for c in changes]
+    assert signals == [
+        ("request", out["request"],
+         {"action": "snapshot", "tables": [tables.qualified], "where": "N >= 1 AND v <> 'x'", "chunk_size": 9}),
+    ]  # fmt: skip
+    assert signals[0] is not None
+    state, warning = apply_request(cfg, None, signals[0][2], signals[0][1], dt.datetime.now(dt.UTC))
+    assert warning is None and state is not None and state.tables == (tables.qualified,) and state.chunk_size == 9

@@ -8,6 +8,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from poller.mysql_binlog import MysqlBinlogSource
+from poller.mysql_binlog_position import BinlogPosition
+from poller.mysql_binlog_reader import BinlogChange, BinlogReader
 from shared.config import PollerConfig, parse_config
 from shared.models import Batch, RowChange
 from tests.support.databases import unique_name
@@ -169,3 +172,37 @@ def stale_or_resurrected(events: Sequence[RowChange]) -> list[tuple[Any, ...]]:
             bad.append((key, e.change, version, seen))
         last[key] = (max(version, seen[0]) if seen else version, e.change == "delete")
     return bad
+
+
+def binlog_here(config: PollerConfig) -> BinlogPosition:
+    """The binlog's end now (with MariaDB's GTID state): where a stream opened now would start."""
+    source = MysqlBinlogSource(config)
+    try:
+        start = source.fetch(None, 1).advance
+    finally:
+        source.close()
+    assert start is not None
+    return BinlogPosition.from_position(start)
+
+
+def binlog_changes(config: PollerConfig, start: BinlogPosition, tables: set[str]) -> list[BinlogChange]:
+    """Every change of ``tables`` in the binlog from ``start`` to its end now, in binlog order."""
+    engine = sa.create_engine(config.source_url)
+    try:
+        with engine.connect() as conn:
+            file, pos = conn.execute(sa.text("SHOW MASTER STATUS")).one()[:2]
+        _args, kwargs = engine.dialect.create_connect_args(engine.url)
+    finally:
+        engine.dispose()
+    kwargs.pop("client_flag", None)
+    reader = BinlogReader(
+        {**kwargs, "connect_timeout": 10}, config.server_id, frozenset(tables), start, (str(file), int(pos)),
+        by_gtid=start.gtid_state is not None,
+    )  # fmt: skip
+    out: list[BinlogChange] = []
+    try:
+        while not reader.at_end:
+            out.extend(reader.read(1000))
+    finally:
+        reader.close()
+    return out

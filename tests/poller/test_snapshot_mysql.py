@@ -15,9 +15,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.mysql_binlog import MysqlBinlogSource
-from poller.mysql_binlog_position import BinlogPosition
-from poller.mysql_binlog_reader import BinlogChange, BinlogReader
 from poller.snapshot import Chunk, apply_request, signal_of
 from poller.snapshot_mysql import (
     MysqlChunkReader,
@@ -31,7 +28,7 @@ from poller.snapshot_where import WhereRefused, where_sql
 from shared.config import PollerConfig
 from shared.errors import SourceError
 from shared.models import SnapshotState
-from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables
+from tests.poller.mysql_binlog_support import BinlogTables, binlog_changes, binlog_here, binlog_tables
 from tests.support.databases import unique_name
 
 pytestmark = pytest.mark.integration
@@ -71,40 +68,6 @@ def _all_chunks(reader: MysqlChunkReader, engine: sa.Engine, state: SnapshotStat
             chunks.append(chunk)
             basis = chunk.next_basis()
     return chunks
-
-
-def _binlog_here(config: PollerConfig) -> BinlogPosition:
-    """The binlog's end now (with MariaDB's GTID state): where a stream opened now would start."""
-    source = MysqlBinlogSource(config)
-    try:
-        start = source.fetch(None, 1).advance
-    finally:
-        source.close()
-    assert start is not None
-    return BinlogPosition.from_position(start)
-
-
-def _binlog_changes(config: PollerConfig, start: BinlogPosition, tables: set[str]) -> list[BinlogChange]:
-    """Every change of ``tables`` in the binlog from ``start`` to its end now, in binlog order."""
-    engine = sa.create_engine(config.source_url)
-    try:
-        with engine.connect() as conn:
-            file, pos = conn.execute(sa.text("SHOW MASTER STATUS")).one()[:2]
-        _args, kwargs = engine.dialect.create_connect_args(engine.url)
-    finally:
-        engine.dispose()
-    kwargs.pop("client_flag", None)
-    reader = BinlogReader(
-        {**kwargs, "connect_timeout": 10}, config.server_id, frozenset(tables), start, (str(file), int(pos)),
-        by_gtid=start.gtid_state is not None,
-    )  # fmt: skip
-    out: list[BinlogChange] = []
-    try:
-        while not reader.at_end:
-            out.extend(reader.read(1000))
-    finally:
-        reader.close()
-    return out
 
 
 # ------------------------------------------------------------------------------ where, rendered
@@ -244,7 +207,7 @@ def test_barrier_then_watermark_in_the_binlog_and_an_empty_chunk_writes_no_water
     tables.insert([1, 2, 3])
     config, sig = tables.config, signal_table(tables.config)
     reader = MysqlChunkReader(config, tables.engine)
-    start = _binlog_here(config)
+    start = binlog_here(config)
     # When a chunk is read, then an empty one (the table read to its end)
     with tables.engine.connect() as conn:
         chunk = reader.read(conn, _state(tables.qualified, 10), None, chunk_id="c1")
@@ -253,14 +216,14 @@ def test_barrier_then_watermark_in_the_binlog_and_an_empty_chunk_writes_no_water
         assert empty is not None and not empty.tuples and empty.last_key is None
         assert not conn.in_transaction()  # left with no transaction open
     # Then the binlog carries: barrier, watermark c1, barrier (none for the empty chunk), in that order
-    signals = [signal_of(c.after, config.name) for c in _binlog_changes(config, start, {sig})]
+    signals = [signal_of(c.after, config.name) for c in binlog_changes(config, start, {sig})]
     assert [(s[0], s[1] if s[0] == "watermark" else "") for s in signals if s] == [
         ("barrier", ""), ("watermark", "c1"), ("barrier", ""),
     ]  # fmt: skip
     barriers = {s[1] for s in signals if s and s[0] == "barrier"}
     assert len(barriers) == 2  # a fresh id each time: each barrier is a change the binlog carries
     # (another poller's signal rows are not this poller's)
-    assert all(signal_of(c.after, "someone else") is None for c in _binlog_changes(config, start, {sig}))
+    assert all(signal_of(c.after, "someone else") is None for c in binlog_changes(config, start, {sig}))
 
 
 class _Interleaved(MysqlChunkReader):
@@ -281,7 +244,7 @@ def test_a_change_after_the_chunks_snapshot_lands_between_the_window_start_and_t
     # Given rows 1..5; the window starts here; row 2 changes before the read
     tables.insert([1, 2, 3, 4, 5])
     config, sig = tables.config, signal_table(tables.config)
-    start = _binlog_here(config)
+    start = binlog_here(config)
     tables.sql("UPDATE {t} SET v = 'before read' WHERE id = 2")
     # When the chunk is read while row 3 changes after its snapshot (before the watermark commits)
     reader = _Interleaved(config, tables.engine, tables)
@@ -293,7 +256,7 @@ def test_a_change_after_the_chunks_snapshot_lands_between_the_window_start_and_t
     assert values[2] == "before read" and values[3] == "x"
     # And in the binlog both changes are inside the window: after its start, before the watermark;
     # the later one after the barrier
-    changes = _binlog_changes(config, start, {sig, tables.qualified})
+    changes = binlog_changes(config, start, {sig, tables.qualified})
     order = [(c.table, (c.after or {}).get("kind") or (c.after or {}).get("v")) for c in changes]
     assert order == [
         (tables.qualified, "before read"), (sig, "barrier"), (tables.qualified, "after snapshot"), (sig, "watermark"),
@@ -313,14 +276,14 @@ def test_a_change_after_the_chunks_snapshot_lands_between_the_window_start_and_t
 
 def test_the_request_statement_is_read_from_the_binlog_by_signal_of(tables: BinlogTables) -> None:
     config, sig = tables.config, signal_table(tables.config)
-    start = _binlog_here(config)
+    start = binlog_here(config)
     statement, params = mysql_request_statement(config, tables=[tables.qualified], where="n >= 1", chunk_size=7)
     with tables.engine.begin() as conn:
         conn.execute(statement, params)
     cancel, cancel_params = mysql_request_statement(config, cancel=True)
     with tables.engine.begin() as conn:  # a second request replaces the first (one row per poller)
         conn.execute(cancel, cancel_params)
-    signals = [signal_of(c.after, config.name) for c in _binlog_changes(config, start, {sig})]
+    signals = [signal_of(c.after, config.name) for c in binlog_changes(config, start, {sig})]
     assert signals == [
         ("request", params["id"], {"action": "snapshot", "tables": [tables.qualified], "where": "n >= 1",
                                    "chunk_size": 7}),
@@ -330,3 +293,71 @@ def test_the_request_statement_is_read_from_the_binlog_by_signal_of(tables: Binl
     state, warning = apply_request(config, None, signals[0][2], signals[0][1], NOW)
     assert warning is None and state is not None
     assert state.tables == (tables.qualified,) and state.where == "n >= 1" and state.chunk_size == 7
+
+
+def test_a_chunk_reads_a_range_of_the_key_not_the_table_before_it(tables: BinlogTables) -> None:
+    # Given a composite-key table of 6,000 rows, and a chunk to read near its end
+    rows = [{"a": i // 10, "b": f"b{i % 10}", "v": "x"} for i in range(6000)]
+    with tables.engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO {tables.composite} (a, b, v) VALUES (:a, :b, :v)"), rows)
+    table = f"{tables.database}.{tables.composite}"
+    reader = MysqlChunkReader(tables.config, tables.engine)
+    reader.pk(table)  # its lookup is not the chunk's cost
+    state = _state(table, 5, last_key={"a": 590, "b": "b3"})
+
+    def handler_reads(conn: sa.Connection) -> int:
+        shown = conn.execute(sa.text("SHOW SESSION STATUS LIKE 'Handler_read%'")).all()
+        return sum(int(value) for _, value in shown)
+
+    with tables.engine.connect() as conn:
+        before = handler_reads(conn)
+        chunk = reader.read(conn, state, None)
+        read = handler_reads(conn) - before
+    # Then it has the next rows in key order, and the server read a few rows for them, not the 5,900
+    # before them (a row comparison is a full scan on MariaDB: the keyset is written out)
+    assert chunk is not None and [chunk.key_of(t) for t in chunk.tuples] == [(590, f"b{i}") for i in range(4, 9)]
+    assert read < 100, f"{read} handler reads for a chunk of 5"
+
+
+def test_validate_wants_binlog_order_commits_on_for_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+    # MySQL's setting (MariaDB has none: it commits in binlog order always), read by validate's query
+    from dbfanout.ops import binlog_checks
+    from poller import snapshot_mysql
+    from tests.poller.mysql_binlog_support import poller_config
+
+    config = poller_config("mysql+pymysql://u@h/shop", ["orders"])
+    monkeypatch.setattr(snapshot_mysql, "READY", True)
+    check = binlog_checks._commit_order_check
+    assert [(c.status, c.name) for c in check(config, {"binlog_order_commits": "ON"})] == [
+        ("ok", "binlog_order_commits")
+    ]
+    (off,) = check(config, {"binlog_order_commits": "OFF"})
+    assert off.status == "warn" and "set it to ON" in off.detail
+    assert list(check(config, {})) == []  # MariaDB
+    monkeypatch.setattr(snapshot_mysql, "READY", False)
+    assert list(check(config, {"binlog_order_commits": "OFF"})) == []  # no snapshots yet: nothing to say
+
+
+def test_a_timestamp_is_read_as_the_binlog_carries_it_whatever_the_sessions_zone(tables: BinlogTables) -> None:
+    # Given a table keyed by a TIMESTAMP, written by a session in another zone
+    name = f"{tables.name}_ts"
+    with tables.engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {name} (at TIMESTAMP(3) NOT NULL, v INT, PRIMARY KEY (at))"))
+    try:
+        table = f"{tables.database}.{name}"
+        start = binlog_here(tables.config)
+        with tables.engine.begin() as conn:
+            conn.exec_driver_sql("SET time_zone = '+05:00'")
+            conn.execute(sa.text(f"INSERT INTO {name} VALUES ('2024-01-02 03:04:05.500', 1)"))
+        (inserted,) = binlog_changes(tables.config, start, {table})
+        # When a chunk is read on a connection whose session is in that zone too
+        with tables.engine.connect() as conn:
+            conn.exec_driver_sql("SET time_zone = '+05:00'")
+            chunk = MysqlChunkReader(tables.config, tables.engine).read(conn, _state(table, 10), None)
+        # Then its row has the binlog's value (UTC), so a change of that key in the window drops it
+        assert chunk is not None and inserted.after is not None
+        assert chunk.tuples[0][0] == inserted.after["at"] == dt.datetime(2024, 1, 1, 22, 4, 5, 500000)
+        chunk.saw((1, 1), table, [(inserted.after["at"],)])
+        assert chunk.dropped == {inserted.after["at"]}
+    finally:
+        tables.sql(f"DROP TABLE {name}")
