@@ -328,17 +328,6 @@ class MysqlBinlogSource:
             conn.rollback()
         return BinlogPosition.at(file, pos, gtid_state=state if state is not None else None)
 
-    def _idle_still(self) -> bool:
-        """Whether the binlog's end is where the last read found it (nothing new: no stream)."""
-        assert self._idle is not None
-        return self._binlog_end_now() == self._idle[1]
-
-    def _binlog_end_now(self) -> tuple[str, int]:
-        with self._engine.connect() as conn:
-            end = _binlog_end(conn, self._config.name)
-            conn.rollback()
-        return end
-
     def _is_mariadb(self, conn: sa.Connection | None = None) -> bool:
         if self._mariadb is None:
             if conn is None:
