@@ -1,4 +1,9 @@
-"""Snapshots beside the stream for ``kind = "pg_logical"`` pollers: DBLog's watermark algorithm.
+"""Snapshots beside the stream: DBLog's watermark algorithm, and PostgreSQL's chunk SQL.
+
+The algorithm is run by :mod:`poller.snapshot_coordinator` for every change log (``pg_logical``,
+``mysql_binlog``); this module holds what both share (:class:`Chunk`, the signal rows, requests,
+the state) and PostgreSQL's :class:`ChunkReader` (MySQL's: :mod:`poller.snapshot_mysql`). What
+follows describes it on PostgreSQL.
 
 Why: a slot only has the changes made after it was created; the rows that already exist (and the
 rows a lost slot skipped) must be read from the tables, without pausing the stream and without
@@ -252,7 +257,7 @@ class Chunk:
     state: SnapshotState  # the snapshot's state it is valid for (it moves as its rows are emitted)
     table: str
     pk: tuple[str, ...]
-    names: tuple[str, ...]  # the row's columns: each tuple holds them, then the row's xmin (as text), then more
+    names: tuple[str, ...]  # the row's columns: each tuple holds them, then its version (PostgreSQL: xmin), a flag
     start: Any  # P: the stream position key the window opens at (opaque, ordered; None: before the log)
     tuples: Sequence[Any]  # the selected rows, in key order
     key_of: Callable[[Any], Any]  # a tuple's key: the value of a one-column key, else a tuple
