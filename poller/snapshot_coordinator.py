@@ -298,7 +298,7 @@ class SnapshotCoordinator(Generic[C]):
 
     def _scan(self, conn: sa.Connection, scan: _Scan[C], picked: Sequence[C]) -> None:
         """Walk ``picked`` in log order: rows, snapshot requests, the chunks' windows and watermarks."""
-        reader, signal_table = self._log, self._log.signal_table
+        reader, signal_table, rows, row = self._log, self._log.signal_table, scan.rows, self._log.row
         for c in picked:
             chunk = self._chunk
             if chunk is not None and not chunk.covers(scan.state, scan.position):
@@ -319,7 +319,7 @@ class SnapshotCoordinator(Generic[C]):
                 ahead.scanned_to = key
                 if table == ahead_table:
                     ahead.seen.append((key, table, keys))
-            scan.rows.append(reader.row(conn, c, scan.state))
+            rows.append(row(conn, c, scan.state))
             scan.streamed += 1
 
     def _signal_read(self, scan: _Scan[C], c: C, chunk: Chunk | None, ahead: _Ahead | None) -> None:
