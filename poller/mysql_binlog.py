@@ -427,4 +427,7 @@ def _row(c: Any, state: SnapshotState | None = None) -> SourceRow:
         table=c.table,
         committed_at=c.committed_at,
     )
-    return SourceRow(_with_state(c.position.to_position(), state), dict(c.after or {}), c.kind == "delete", fields)
+    position = c.position.to_position()
+    if state is not None:  # a snapshot runs: its state rides on every position (into the checkpoint)
+        position = Position(position.cursor, position.pk, state)
+    return SourceRow(position, dict(c.after or {}), c.kind == "delete", fields)

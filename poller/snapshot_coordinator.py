@@ -299,6 +299,20 @@ class SnapshotCoordinator(Generic[C]):
     def _scan(self, conn: sa.Connection, scan: _Scan[C], picked: Sequence[C]) -> None:
         """Walk ``picked`` in log order: rows, snapshot requests, the chunks' windows and watermarks."""
         reader, signal_table, rows, row = self._log, self._log.signal_table, scan.rows, self._log.row
+        if self._chunk is None and self._ahead is None:
+            # No window open (none opens inside a walk): rows and signals only, the common case of a
+            # stream's catch-up, without the per-change window bookkeeping.
+            streamed = len(rows)
+            for c in picked:
+                if c.table == signal_table:
+                    self._signal_read(scan, c, None, None)
+                else:
+                    rows.append(row(conn, c, scan.state))
+            if picked:
+                scan.last = picked[-1]
+                scan.position = scan.last.key
+            scan.streamed += len(rows) - streamed
+            return
         for c in picked:
             chunk = self._chunk
             if chunk is not None and not chunk.covers(scan.state, scan.position):
