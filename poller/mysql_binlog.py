@@ -47,7 +47,7 @@ from poller.engines import db_errors, require_driver, source_engine
 from poller.mysql_binlog_position import BinlogPosition, file_number
 from poller.ports import EventFields, Page, SourceRow
 from poller.snapshot import signal_of
-from poller.snapshot_coordinator import LogRead, Signal, SnapshotCoordinator
+from poller.snapshot_coordinator import ChunkSource, LogRead, Signal, SnapshotCoordinator
 from poller.snapshot_mysql import MysqlChunkReader, signal_table
 from shared.config import PollerConfig
 from shared.errors import ConfigError, FetchError, SourceError
@@ -122,10 +122,16 @@ class MysqlBinlogSource:
         self._mariadb: bool | None = None
         self.streams_opened = 0  # replication streams opened (tests and benchmarks read it)
         # The snapshot's signal rows come through the binlog: the stream reads the signal table too.
-        self._signal = signal_table(config)
-        self._snapshots: SnapshotCoordinator[Any] = SnapshotCoordinator(
-            config, self, MysqlChunkReader(config, self._engine)
-        )
+        self._signal: str | None = None
+        chunks: ChunkSource
+        try:
+            self._signal = signal_table(config)
+            chunks = MysqlChunkReader(config, self._engine)
+        except ConfigError as exc:  # no database to put it in (a URL without one, tables qualified)
+            if config.snapshot == "initial":
+                raise
+            chunks = _NoSnapshots(exc)  # no signal is read, so no snapshot can start
+        self._snapshots: SnapshotCoordinator[Any] = SnapshotCoordinator(config, self, chunks)
 
     # ------------------------------------------------------------------------------ the port
 
@@ -217,7 +223,7 @@ class MysqlBinlogSource:
 
     @property
     def signal_table(self) -> str:
-        return self._signal
+        return self._signal or ""  # none: no change's table is ""
 
     def qualify(self, table: str) -> str:
         return self._qualify(table)
@@ -299,7 +305,7 @@ class MysqlBinlogSource:
         reader = BinlogReader(
             connection,
             self._config.server_id,
-            self._tables | {self._signal},
+            self._tables | {self._signal} if self._signal else self._tables,
             start,
             until,
             by_gtid=bool(self._is_mariadb()),
@@ -401,6 +407,19 @@ def _binlog_errors(context: str, config: PollerConfig) -> Iterator[None]:
 
 def _with_state(position: Position, state: SnapshotState | None) -> Position:
     return Position(position.cursor, position.pk, state) if state is not None else position
+
+
+class _NoSnapshots:
+    """The chunk source of a poller whose signal table has no database to live in: never called
+    (no signal row is read, and snapshot = "initial" refuses such a poller); says why if it is."""
+
+    def __init__(self, error: ConfigError) -> None:
+        self._error = error
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._error
+
+    pk = estimate = columns = check_where = check_published = read = read_ahead = _refuse
 
 
 def _text_values(image: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -67,6 +67,19 @@ def test_a_binlog_poller_on_another_database_is_refused_when_it_opens() -> None:
     assert exc.value.key == "pollers.log.kind" and "MariaDB" in str(exc.value)
 
 
+def test_qualified_tables_need_no_database_in_the_url_unless_the_signal_table_is_needed() -> None:
+    # Without a database in the URL the default signal table has nowhere to live: a poller that
+    # streams only still opens (snapshot requests cannot reach it); one with snapshot = "initial" is refused
+    url = "mysql+pymysql://u@h"
+    open_source(parse_config(_binlog(source_url=url, tables=["shop.orders"]), {}).pollers["log"]).close()
+    initial = parse_config(_binlog(source_url=url, tables=["shop.orders"], snapshot="initial"), {}).pollers["log"]
+    with pytest.raises(ConfigError) as exc:
+        open_source(initial)
+    assert exc.value.key == "pollers.log.signal_table" and exc.value.hint and "shop.dbfanout_signal" in exc.value.hint
+    named = _binlog(source_url=url, tables=["shop.orders"], snapshot="initial", signal_table="shop.sig")
+    open_source(parse_config(named, {}).pollers["log"]).close()
+
+
 def test_an_unqualified_table_needs_a_database_in_the_url() -> None:
     cfg = parse_config(_binlog(source_url="mysql+pymysql://u@h"), {}).pollers["log"]
     with pytest.raises(ConfigError) as exc:
