@@ -94,7 +94,8 @@ class LogReader(Protocol[C]):
 
     def changes(self, conn: sa.Connection, after: Any, want: int) -> LogRead[C]:
         """Up to ``want`` changes after key ``after`` (fewer when the log ends first; may be more
-        reads of the log). Only the poller's tables and this poller's signal rows."""
+        reads of the log): the poller's tables' and the signal table's (other pollers' signal rows
+        may come too: :meth:`signal` finds them not ours)."""
 
     def reread(self) -> None:
         """The log grew by a write of ours (a high watermark): the next :meth:`changes` must read
@@ -123,10 +124,16 @@ class LogReader(Protocol[C]):
 
 
 class ChunkSource(Protocol):
-    """A database's snapshot SQL (:class:`poller.snapshot.ChunkReader` for PostgreSQL).
+    """A database's snapshot SQL (:class:`poller.snapshot.ChunkReader` for PostgreSQL,
+    :class:`poller.snapshot_mysql.MysqlChunkReader` for MySQL/MariaDB).
 
-    A chunk's tuples are the row's columns (``Chunk.names``), then the row's version as a string
-    (``t[-2]``: part of a snapshot event's id), then a flag.
+    ``read`` selects the next chunk of ``state`` and commits its high watermark (a signal row the
+    log then carries); the chunk's window opens at ``start``, the key the walk stood at before the
+    read, so the read must make sure every change its select could not see is after ``start`` in
+    the log (PostgreSQL refuses a racy snapshot: None, retried with backoff; MySQL commits a
+    barrier first). ``read_ahead`` is the same on a connection of its own (a thread). A chunk's
+    tuples are the row's columns (``Chunk.names``), then the row's version as a string (``t[-2]``:
+    part of a snapshot event's id), then a flag.
     """
 
     def pk(self, table: str) -> tuple[str, ...]: ...
