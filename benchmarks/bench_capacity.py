@@ -1,7 +1,8 @@
 """Capacity: the load curve of one deployment (issue 31; run by hand).
 
     python benchmarks/bench_capacity.py [--source keyset,pg_logical,outbox] [--target queue,topic]
-                                        [--linger 0,1] [--rates 500,1000,2000,5000,10000,20000]
+                                        [--linger 0,1] [--cardinality one,many]
+                                        [--rates 500,1000,2000,5000,10000,20000]
                                         [--rows-per-commit 1,10] [--step-seconds 30] [--json]
                                         [--db-url URL] [--pg-url URL]
 
@@ -189,10 +190,12 @@ def _as_topic(text: str, topic: str) -> str:
     return text + "\n" + _subscription_tables({name: {"handler": h} for name, h in handlers.items()})
 
 
-def deploy(source: str, target: str, linger: float, args: argparse.Namespace, tmp: Path, storage: str) -> Deployment:
+def deploy(
+    source: str, target: str, linger: float, args: argparse.Namespace, tmp: Path, storage: str, cardinality: str = "one"
+) -> Deployment:
     """Start one configuration: its database, emulator, app folder and host (running, warmed up)."""
     with contextlib.ExitStack() as undo:  # what is started is stopped again if a later part fails
-        deployment = _deploy(source, target, linger, args, tmp, storage, undo)
+        deployment = _deploy(source, target, linger, args, tmp, storage, undo, cardinality)
         deployment.cleanup = undo.pop_all().close
         return deployment
 
@@ -205,8 +208,10 @@ def _deploy(
     tmp: Path,
     storage: str,
     undo: contextlib.ExitStack,
+    cardinality: str = "one",
 ) -> Deployment:
     name = f"{source}/{target}/linger={linger:g}" if linger else f"{source}/{target}/linger=off"
+    name += "/many" if cardinality == "many" else ""
     entity = "cap-" + os.urandom(5).hex()
     tmp.mkdir(parents=True)
     cost = DbCost(args.pg_url if source == "pg_logical" else args.db_url)
@@ -224,7 +229,7 @@ def _deploy(
     (app.root / "bench_handler.py").write_text(HANDLER)
     (app.root / "bench_handler_second.py").write_text(SECOND_HANDLER)
     keys = argparse.Namespace(linger=linger, poll_ms=args.poll_ms, max_batches=0)  # CONFIG sets max_batches
-    more = _poller_keys(keys)
+    more = _poller_keys(keys) + (f'cardinality = "{cardinality}"\n' if cardinality != "one" else "")
     config = CONFIG.format(name=app.app_name, queue=entity, batch=args.batch, max_batches=args.max_batches, more=more)
     (app.root / "dbfanout.toml").write_text(config)
     if source == "pg_logical":
@@ -409,6 +414,9 @@ def main() -> None:
         "--source", type=_words, default=["keyset", "pg_logical", "outbox"], help="comma list: keyset,pg_logical,outbox"
     )
     parser.add_argument("--target", type=_words, default=["queue", "topic"], help="comma list: queue,topic (two subs)")
+    parser.add_argument(
+        "--cardinality", type=_words, default=["one"], help="comma list: one,many (the worker's trigger)"
+    )
     parser.add_argument("--linger", type=_floats, default=[0.0, 1.0], help="comma list of linger_seconds (0: off)")
     parser.add_argument("--poll-ms", type=int, default=50, help="poll_interval_ms when lingering")
     parser.add_argument(
@@ -427,9 +435,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the steps and the summary as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the app folders (host.log, handled.txt)")
     args = parser.parse_args()
-    unknown = set(args.source) - {"keyset", "pg_logical", "outbox"} | set(args.target) - {"queue", "topic"}
+    unknown = (
+        set(args.source) - {"keyset", "pg_logical", "outbox"}
+        | set(args.target) - {"queue", "topic"}
+        | set(args.cardinality) - {"one", "many"}
+    )
     if unknown:
-        sys.exit(f"unknown --source/--target values: {sorted(unknown)}")
+        sys.exit(f"unknown --source/--target/--cardinality values: {sorted(unknown)}")
     if not 1 <= args.writers <= 15:
         sys.exit("--writers: 1 to 15 (the writer engine's connection pool)")
     tmp = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
@@ -439,10 +451,10 @@ def main() -> None:
     print(f"load={os.getloadavg()[0]:.2f} cores={os.cpu_count()} step={args.step_seconds:g}s", file=log, flush=True)
     print(HEADER, file=log, flush=True)
     try:
-        for n, (source, target, linger) in enumerate(
-            (s, t, g) for s in args.source for t in args.target for g in args.linger
+        for n, (source, target, linger, cardinality) in enumerate(
+            (s, t, g, c) for s in args.source for t in args.target for g in args.linger for c in args.cardinality
         ):
-            d = deploy(source, target, linger, args, tmp / str(n), azurite.connection_string)
+            d = deploy(source, target, linger, args, tmp / str(n), azurite.connection_string, cardinality)
             try:
                 for per_commit in (int(r) for r in args.rows_per_commit):
                     for rate in (int(r) for r in args.rates):

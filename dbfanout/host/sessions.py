@@ -29,6 +29,7 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBu
 from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError, SessionCannotBeLockedError
 
 from dbfanout.host.app_loader import FunctionSpec
+from dbfanout.host.batch_receive import receive_batch, receiver_options
 from dbfanout.host.hostjson import ServiceBusOptions
 from dbfanout.host.runner import TriggerRunner
 from dbfanout.host.servicebus import ServiceBusTrigger, call_with_messages
@@ -105,6 +106,7 @@ class SessionQueueRunner(TriggerRunner[_Call]):
             session_id=NEXT_AVAILABLE_SESSION,
             max_wait_time=self._accept_wait,
             prefetch_count=self.options.prefetch_count,
+            **receiver_options(),
         )
         with receiver:
             held = _Held(receiver)
@@ -124,7 +126,7 @@ class SessionQueueRunner(TriggerRunner[_Call]):
             wait = min(self._poll, idle_until - time.monotonic())
             if wait <= 0:
                 return []
-            messages = held.receiver.receive_messages(max_message_count=count, max_wait_time=wait)
+            messages = receive_batch(held.receiver, count, wait)
             if messages:
                 return messages
             self._renew_session(held, None)

@@ -35,6 +35,7 @@ app = func.FunctionApp()
 RECEIVED = []
 RECEIVED_AT = []
 BATCHES = []
+BATCHES_AT = []
 FINISHED = []
 TICKS = []
 ACTIVE = {"now": 0, "max": 0}
@@ -56,6 +57,7 @@ def shape(msg: func.ServiceBusMessage) -> None:
     arg_name="msgs", connection="SHAPE_SB", queue_name="%SHAPE_BATCH_QUEUE%", cardinality=func.Cardinality.MANY
 )
 def batch(msgs: list) -> None:
+    BATCHES_AT.append(time.monotonic())
     BATCHES.append(list(msgs))
 
 @app.function_name("clock")
@@ -188,6 +190,36 @@ def test_cardinality_many_gets_a_list_of_messages(running: Running, client: Serv
     ids = sorted(m.message_id for b in running.BATCHES for m in b)
     assert ids == [f"b-{i}" for i in range(5)]
     assert all(m.delivery_count == 1 for b in running.BATCHES for m in b)
+
+
+def _batches(running: Running, n: int) -> bool:
+    return len(running.BATCHES_AT) >= n
+
+
+@pytest.mark.integration
+def test_a_batch_function_gets_a_lone_message_within_the_extensions_fill_window(
+    running: Running, client: ServiceBusClient
+) -> None:
+    # Given an idle cardinality-many function
+    latencies: list[float] = []
+    with client.get_queue_sender(running.batch_queue) as sender:
+        sender.send_messages(ServiceBusMessage(b"warm-up"))
+        wait_for(partial(_batches, running, 1), 30, "the warm-up batch")
+        # When messages are sent one at a time
+        for i in range(2, 10):
+            sender.send_messages(ServiceBusMessage(f"m{i}".encode()))
+            sent = time.monotonic()
+            wait_until(partial(_batches, running, i), 10, "the batch", interval=0.001)
+            latencies.append(running.BATCHES_AT[-1] - sent)
+        # Then each is handed over after at most the extension's 20 ms fill wait, not the Python
+        # SDK's 0.2 s further pull (every call took >= 0.2 s before)
+        latencies.sort()
+        assert latencies[len(latencies) // 2] < 0.1, latencies
+        # And a backlog still arrives in batches: twenty messages on the queue at once take fewer calls
+        calls = len(running.BATCHES)
+        sender.send_messages([ServiceBusMessage(f"b{i}", message_id=f"backlog-{i}") for i in range(20)])
+    wait_for(lambda: sum(len(b) for b in running.BATCHES[calls:]) == 20, 30, "the backlog")
+    assert len(running.BATCHES) - calls < 20, [len(b) for b in running.BATCHES[calls:]]
 
 
 @pytest.mark.integration
