@@ -17,8 +17,15 @@ The tick's order keeps the at-least-once contract:
    the binlog for its retention time, not for this reader (``dbfanout validate`` checks it).
 
 The first fetch without a checkpoint starts at the binlog's end at that moment: changes committed
-after a poller's first tick are delivered. Snapshots of existing rows are not available for this
-kind yet (the config refuses ``snapshot``).
+after a poller's first tick are delivered; with ``snapshot = "initial"`` that first checkpoint
+carries a snapshot of every table, which then runs beside the stream.
+
+Snapshots (``snapshot = "initial"``, ``dbfanout snapshot``) are DBLog's, run by the same
+coordinator as the pg_logical source's (:class:`~poller.snapshot_coordinator.SnapshotCoordinator`):
+this source is the log reader it walks (position keys: :class:`BinlogPosition`), and
+:class:`~poller.snapshot_mysql.MysqlChunkReader` its chunk SQL (a committed barrier, then the
+chunk in a consistent snapshot with its high watermark). The signal table lives in the source
+database; its rows come through the binlog in order with the changes (requests, watermarks).
 
 Cost while idle: a stream is opened only when the binlog moved since the last read reached its
 end; an idle fetch is one ``SHOW MASTER STATUS`` on a pooled connection (no replication
@@ -28,8 +35,9 @@ and stays open until the tick ends: a lingering tick's next fetches read on from
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
@@ -38,14 +46,17 @@ import sqlalchemy as sa
 from poller.engines import db_errors, require_driver, source_engine
 from poller.mysql_binlog_position import BinlogPosition, file_number
 from poller.ports import EventFields, Page, SourceRow
+from poller.snapshot import signal_of
+from poller.snapshot_coordinator import ChunkSource, LogRead, Signal, SnapshotCoordinator
+from poller.snapshot_mysql import MysqlChunkReader, signal_table
 from shared.config import PollerConfig
 from shared.errors import ConfigError, FetchError, SourceError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger
-from shared.models import Checkpoint, Position
+from shared.models import Checkpoint, CursorValue, Position, SnapshotState
 from shared.settings import redact_url
 
-__all__ = ["MysqlBinlogSource", "qualified_tables"]
+__all__ = ["MysqlBinlogSource", "qualified_tables", "table_qualifier"]
 
 log = get_logger("poller.mysql_binlog")
 
@@ -71,6 +82,16 @@ def qualified_tables(config: PollerConfig, database: str | None) -> frozenset[st
     return frozenset(out)
 
 
+def table_qualifier(config: PollerConfig) -> Callable[[str], str]:
+    """How the binlog names a table of the poller: ``orders`` is ``<the URL's database>.orders``."""
+    database = sa.make_url(config.source_url).database
+
+    def qualify(table: str) -> str:
+        return table if "." in table else f"{database}.{table}"
+
+    return qualify
+
+
 class MysqlBinlogSource:
     """The :class:`~poller.ports.Source` port over a MySQL/MariaDB row-based binlog."""
 
@@ -90,14 +111,27 @@ class MysqlBinlogSource:
             )  # fmt: skip
         self._url = redact_url(config.source_url)
         self._tables = qualified_tables(config, sa.make_url(config.source_url).database)
+        self._qualify = table_qualifier(config)
         self._fingerprint = source_fingerprint(
             {"url": self._url, "kind": "mysql_binlog", "tables": sorted(self._tables), "pk": list(config.pk)}
         )
         self._lock = threading.Lock()
         self._reader: Any = None  # the open BinlogReader (poller.mysql_binlog_reader), if any
+        self._stream_at: BinlogPosition | None = None  # the open stream's next read continues after this
         self._idle: tuple[BinlogPosition, tuple[str, int]] | None = None  # read to the end at: (after, end)
         self._mariadb: bool | None = None
         self.streams_opened = 0  # replication streams opened (tests and benchmarks read it)
+        # The snapshot's signal rows come through the binlog: the stream reads the signal table too.
+        self._signal: str | None = None
+        chunks: ChunkSource
+        try:
+            self._signal = signal_table(config)
+            chunks = MysqlChunkReader(config, self._engine)
+        except ConfigError as exc:  # no database to put it in (a URL without one, tables qualified)
+            if config.snapshot == "initial":
+                raise
+            chunks = _NoSnapshots(exc)  # no signal is read, so no snapshot can start
+        self._snapshots: SnapshotCoordinator[Any] = SnapshotCoordinator(config, self, chunks)
 
     # ------------------------------------------------------------------------------ the port
 
@@ -125,6 +159,7 @@ class MysqlBinlogSource:
     def close(self) -> None:
         with self._lock:
             self._close_reader()
+        self._snapshots.close()
 
     # ------------------------------------------------------------------------------ operator surface
 
@@ -152,43 +187,107 @@ class MysqlBinlogSource:
     # ------------------------------------------------------------------------------ reading
 
     def _fetch(self, after: Position | None, limit: int) -> Page:
-        start = BinlogPosition.from_position(after) if after is not None else None
+        """The coordinator's page (the stream, a snapshot's chunks beside it) from the checkpoint on.
+
+        The first start (no checkpoint) takes the binlog's end now as its start: with ``snapshot =
+        "initial"`` the snapshot begins there at once (its state rides on the positions returned),
+        else the page only moves the checkpoint there.
+        """
+        first: Position | None = None
+        if after is None:
+            here = self._current()
+            log.info("poller %s: no checkpoint yet: reading the binlog from %s", self._config.name, here)
+            state = self._snapshots.state_at(None)
+            first = self.position(here, state)
+            if state is None or not state.active:
+                return Page([], advance=first)
+            after = first  # the initial snapshot begins in this fetch, from the binlog's end now
+        with self._engine.connect() as conn:
+            fetched = self._snapshots.fetch(conn, after, limit)
+            conn.rollback()
+        page, reader = fetched.page, self._reader
+        if first is not None and not len(page) and page.advance is None:
+            return Page([], advance=first)  # the checkpoint must take the start and its snapshot state
+        if not len(page) and page.advance is None and fetched.last is None and reader is not None:
+            start = BinlogPosition.from_position(after)
+            if self._far(start, reader.position):  # other tables' traffic: move past it (see ADVANCE_BYTES)
+                page = Page([], advance=self.position(reader.position, after.snapshot))
+                if reader.drained:
+                    self._stream_at = reader.position  # nothing of ours between: the stream reads on from it
+        if reader is not None:  # a stream read in this fetch (an idle one closed it): where it ended
+            end = page.end or after
+            self._idle = (BinlogPosition.from_position(end), reader.end) if reader.drained else None
+        return page
+
+    # ------------------------------------------------------------------------------ the coordinator's log reader
+
+    @property
+    def signal_table(self) -> str:
+        return self._signal or ""  # none: no change's table is ""
+
+    def qualify(self, table: str) -> str:
+        return self._qualify(table)
+
+    def key_of(self, position: Position | None) -> BinlogPosition | None:
+        return BinlogPosition.from_position(position) if position is not None else None
+
+    def changes(self, conn: sa.Connection, after: BinlogPosition | None, want: int) -> LogRead[Any]:
+        """Up to ``want`` changes after ``after``: from the open stream when it stands there (read
+        on past the end it was opened for when the binlog grew), else from a new one; none, and no
+        stream opened, when the binlog has not moved since a read reached its end there."""
+        assert after is not None  # the first start never reaches the coordinator (see _fetch)
         reader = self._reader
-        read_to_end = self._idle is not None and start is not None and self._idle[0] == start
-        if reader is not None and reader.at_end and read_to_end:
-            # The tick's stream read to the end, and this fetch starts there: the same stream reads
-            # on (the server pushed what came since) up to the new end, or nothing when none.
-            now = self._binlog_end_now()
-            if now == reader.end:
-                return Page([])
-            reader.extend(now)
-        elif reader is not None and (start is None or reader.handed != start or reader.at_end):
+        if reader is not None and self._stream_at == after:
+            if reader.drained:
+                now = _binlog_end(conn, self._config.name)
+                if now == reader.end:
+                    return LogRead([], True)
+                reader.extend(now)
+        else:
             self._close_reader()
-            reader = None
-        if reader is None:
-            if start is None:  # the first start: from the binlog's end now
-                here = self._current()
-                log.info("poller %s: no checkpoint yet: reading the binlog from %s", self._config.name, here)
-                return Page([], advance=here.to_position())
-            if read_to_end and self._idle_still():
-                return Page([])
-            reader = self._open(start)
+            idle = self._idle
+            if idle is not None and idle[0] == after and _binlog_end(conn, self._config.name) == idle[1]:
+                return LogRead([], True)
+            reader = self._open(after)
         try:
-            changes = reader.read(limit)
+            read = reader.read(want)
         except BaseException:
             self._close_reader()
             raise
-        rows = [_row(c) for c in changes]
-        advance = None
-        if not rows and start is not None and self._far(start, reader.position):
-            advance = reader.position.to_position()
-        if reader.at_end:  # the stream stays open until the tick ends (a lingering tick reads on)
-            end = rows[-1].position if rows else advance or after
-            assert end is not None
-            self._idle = (BinlogPosition.from_position(end), reader.end)
-        else:
-            self._idle = None
-        return Page(rows, advance=advance)
+        if read:
+            self._stream_at = read[-1].position
+        # Other pollers' signal rows pass too: signal() finds them not ours (one list pass saved per page).
+        return LogRead(read, reader.drained)
+
+    def reread(self) -> None:
+        """Nothing buffered past the stream: a drained stream checks the binlog's end on its next read."""
+
+    def signal(self, change: Any) -> Signal | None:
+        return signal_of(_text_values(change.after), self._config.name)
+
+    def committed_at(self, change: Any) -> dt.datetime:
+        committed: dt.datetime = change.committed_at
+        return committed
+
+    def keys(self, conn: sa.Connection, change: Any) -> list[tuple[Any, ...]]:
+        """The primary keys a change touches (an update that changes the key: both)."""
+        pk = change.pk
+        images = (change.after, change.before)
+        return [tuple(image[p] for p in pk) for image in images if image and all(p in image for p in pk)]
+
+    def row(self, conn: sa.Connection, change: Any, state: SnapshotState | None) -> SourceRow:
+        return _row(change, state)
+
+    def position(self, key: BinlogPosition | None, state: SnapshotState | None) -> Position:
+        assert key is not None  # a binlog poller always has a position (its first start takes the end)
+        return _with_state(key.to_position(), state)
+
+    def cursor(self, key: BinlogPosition | None) -> CursorValue:
+        assert key is not None
+        return key.event_cursor()
+
+    def describe(self, key: BinlogPosition) -> str:
+        return str(key)
 
     def _far(self, start: BinlogPosition, now: BinlogPosition) -> bool:
         """Whether an empty page should still move the checkpoint from ``start`` to ``now``."""
@@ -206,13 +305,13 @@ class MysqlBinlogSource:
         reader = BinlogReader(
             connection,
             self._config.server_id,
-            self._tables,
+            self._tables | {self._signal} if self._signal else self._tables,
             start,
             until,
             by_gtid=bool(self._is_mariadb()),
             pk=self._config.pk,
         )
-        self._reader = reader
+        self._reader, self._stream_at = reader, start
         self.streams_opened += 1
         return reader
 
@@ -233,17 +332,6 @@ class MysqlBinlogSource:
                 state = conn.execute(sa.text("SELECT BINLOG_GTID_POS(:f, :p)"), {"f": file, "p": pos}).scalar()
             conn.rollback()
         return BinlogPosition.at(file, pos, gtid_state=state if state is not None else None)
-
-    def _idle_still(self) -> bool:
-        """Whether the binlog's end is where the last read found it (nothing new: no stream)."""
-        assert self._idle is not None
-        return self._binlog_end_now() == self._idle[1]
-
-    def _binlog_end_now(self) -> tuple[str, int]:
-        with self._engine.connect() as conn:
-            end = _binlog_end(conn, self._config.name)
-            conn.rollback()
-        return end
 
     def _is_mariadb(self, conn: sa.Connection | None = None) -> bool:
         if self._mariadb is None:
@@ -272,7 +360,7 @@ class MysqlBinlogSource:
                 f"(the oldest binlog on {self._url} is {files[0]}): changes after it are lost to this poller",
                 hint="raise the binlog retention (binlog_expire_logs_seconds) so it cannot happen again; then "
                 "`dbfanout checkpoint reset` the poller (it resumes at the binlog's end) and reload the tables' "
-                "rows yourself (snapshots are not available for mysql_binlog yet); see docs/operations.md",
+                "rows with `dbfanout snapshot`; see docs/operations.md",
             )
         return end
 
@@ -310,14 +398,38 @@ def _binlog_errors(context: str, config: PollerConfig) -> Iterator[None]:
                     f"{context}: the server cannot send the binlog from the checkpoint: {message}",
                     hint="the binlog at the checkpoint was purged (raise binlog_expire_logs_seconds), or the "
                     "GTID state is unknown to this server; `dbfanout checkpoint reset` the poller and reload "
-                    "the tables' rows; see docs/operations.md",
+                    "the tables' rows with `dbfanout snapshot`; see docs/operations.md",
                 ) from exc
             raise FetchError(f"{context} failed: {message}") from exc
         except pymysql.err.MySQLError as exc:
             raise FetchError(f"{context} failed: {exc}") from exc
 
 
-def _row(c: Any) -> SourceRow:
+def _with_state(position: Position, state: SnapshotState | None) -> Position:
+    return Position(position.cursor, position.pk, state) if state is not None else position
+
+
+class _NoSnapshots:
+    """The chunk source of a poller whose signal table has no database to live in: never called
+    (no signal row is read, and snapshot = "initial" refuses such a poller); says why if it is."""
+
+    def __init__(self, error: ConfigError) -> None:
+        self._error = error
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._error
+
+    pk = estimate = columns = check_where = check_published = read = read_ahead = _refuse
+
+
+def _text_values(image: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A signal row's values as text (the binlog may carry a TEXT column as bytes)."""
+    if image is None:
+        return None
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in image.items()}
+
+
+def _row(c: Any, state: SnapshotState | None = None) -> SourceRow:
     """A :class:`~poller.mysql_binlog_reader.BinlogChange` as the row a page carries."""
     image = c.before if c.kind == "delete" else c.after
     missing = [p for p in c.pk if p not in image]
@@ -334,4 +446,7 @@ def _row(c: Any) -> SourceRow:
         table=c.table,
         committed_at=c.committed_at,
     )
-    return SourceRow(c.position.to_position(), dict(c.after or {}), c.kind == "delete", fields)
+    position = c.position.to_position()
+    if state is not None:  # a snapshot runs: its state rides on every position (into the checkpoint)
+        position = Position(position.cursor, position.pk, state)
+    return SourceRow(position, dict(c.after or {}), c.kind == "delete", fields)

@@ -71,6 +71,11 @@ class BinlogChange:
     after: dict[str, Any] | None  # inserts and updates: the new row
     committed_at: dt.datetime
 
+    @property
+    def key(self) -> BinlogPosition:
+        """Its position key in the log (the snapshot coordinator's; ordered as the binlog)."""
+        return self.position
+
 
 @dataclass(slots=True)
 class _Txn:
@@ -154,6 +159,11 @@ class BinlogReader:
         """Read on to ``until`` (a later binlog end) after ``at_end``: the blocking stream is still open."""
         self._until = (file_number(until[0]), until[1])
         self.at_end = False
+
+    @property
+    def drained(self) -> bool:
+        """Read to ``until`` and every change read handed out (``at_end`` may hold rows still)."""
+        return self.at_end and not self._rows
 
     @property
     def end(self) -> tuple[str, int]:

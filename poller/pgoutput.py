@@ -88,6 +88,11 @@ class Change:
         return (self.commit_lsn, self.seq)
 
     @property
+    def table(self) -> str:
+        """The schema-qualified table it changed."""
+        return self.relation.qualified
+
+    @property
     def commit_time(self) -> dt.datetime:
         """The transaction's commit time (UTC), as the primary recorded it."""
         return _PG_EPOCH + dt.timedelta(microseconds=self.commit_time_us)

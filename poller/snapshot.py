@@ -1,4 +1,9 @@
-"""Snapshots beside the stream for ``kind = "pg_logical"`` pollers: DBLog's watermark algorithm.
+"""Snapshots beside the stream: DBLog's watermark algorithm, and PostgreSQL's chunk SQL.
+
+The algorithm is run by :mod:`poller.snapshot_coordinator` for every change log (``pg_logical``,
+``mysql_binlog``); this module holds what both share (:class:`Chunk`, the signal rows, requests,
+the state) and PostgreSQL's :class:`ChunkReader` (MySQL's: :mod:`poller.snapshot_mysql`). What
+follows describes it on PostgreSQL.
 
 Why: a slot only has the changes made after it was created; the rows that already exist (and the
 rows a lost slot skipped) must be read from the tables, without pausing the stream and without
@@ -119,6 +124,15 @@ _PUBLISHED = sa.text(
 )
 
 
+def within(start: Any, scanned_to: Any, position: Any) -> bool:
+    """Whether ``position`` lies in ``[start, scanned_to]`` (``scanned_to`` None: ``start``), over
+    opaque ordered position keys where None is before the whole log."""
+    if position is None:
+        return start is None
+    high = start if scanned_to is None else scanned_to
+    return (start is None or start <= position) and high is not None and position <= high
+
+
 def qualified(table: str) -> str:
     """``orders`` → ``public.orders`` (how the log names a table)."""
     return table if "." in table else f"public.{table}"
@@ -185,11 +199,14 @@ def chunk_size(config: PollerConfig, requested: Any = None) -> int:
     return max(config.batch_size, min(CHUNK_PAGES * config.batch_size, CHUNK_MAX_ROWS))
 
 
-def initial_state(config: PollerConfig, now: dt.datetime, estimate: int | None) -> SnapshotState:
-    """``snapshot = "initial"``: every table of the poller, from its start."""
+def initial_state(
+    config: PollerConfig, now: dt.datetime, estimate: int | None, *, qualify: Callable[[str], str] = qualified
+) -> SnapshotState:
+    """``snapshot = "initial"``: every table of the poller, from its start (``qualify``: how the
+    log names a table; PostgreSQL's ``public.`` by default)."""
     return SnapshotState(
         id="initial",
-        tables=tuple(qualified(t) for t in config.tables),
+        tables=tuple(qualify(t) for t in config.tables),
         chunk_size=chunk_size(config),
         estimate=estimate,
         started_at=now,
@@ -197,9 +214,16 @@ def initial_state(config: PollerConfig, now: dt.datetime, estimate: int | None) 
 
 
 def apply_request(
-    config: PollerConfig, state: SnapshotState | None, data: Mapping[str, Any], request_id: str, at: dt.datetime
+    config: PollerConfig,
+    state: SnapshotState | None,
+    data: Mapping[str, Any],
+    request_id: str,
+    at: dt.datetime,
+    *,
+    qualify: Callable[[str], str] = qualified,
 ) -> tuple[SnapshotState | None, str | None]:
-    """The state after a request row read from the log, and a warning when it was refused."""
+    """The state after a request row read from the log, and a warning when it was refused
+    (``qualify``: how the log names a table)."""
     action = data.get("action")
     if action == "cancel":
         if state is None or not state.active:
@@ -207,9 +231,9 @@ def apply_request(
         return replace(state, tables=(), last_key=None, finished_at=at, cancelled=True), None
     if action != "snapshot":
         return state, f"request {request_id}: unknown action {action!r} ignored"
-    known = [qualified(t) for t in config.tables]
+    known = [qualify(t) for t in config.tables]
     asked = data.get("tables") or known
-    tables = [qualified(str(t)) for t in asked]
+    tables = [qualify(str(t)) for t in asked]
     unknown = [t for t in tables if t not in known]
     if unknown:
         return state, f"request {request_id}: {', '.join(unknown)} not among the poller's tables; ignored"
@@ -233,13 +257,13 @@ class Chunk:
     state: SnapshotState  # the snapshot's state it is valid for (it moves as its rows are emitted)
     table: str
     pk: tuple[str, ...]
-    names: tuple[str, ...]  # the row's columns: each tuple holds them, then the row's xmin (as text), then more
-    start: tuple[int, int] | None  # P: the stream position the window opens at
+    names: tuple[str, ...]  # the row's columns: each tuple holds them, then its version (PostgreSQL: xmin), a flag
+    start: Any  # P: the stream position key the window opens at (opaque, ordered; None: before the log)
     tuples: Sequence[Any]  # the selected rows, in key order
     key_of: Callable[[Any], Any]  # a tuple's key: the value of a one-column key, else a tuple
     last_key: dict[str, Any] | None  # the last key selected (dropped or not): the next chunk starts after it
     more: bool  # the table has rows after it
-    scanned_to: tuple[int, int] | None = None  # the log read so far by this chunk's window
+    scanned_to: Any = None  # the log read so far by this chunk's window (a position key)
     ready_at: dt.datetime | None = None  # when its high watermark committed (read from the log): rows may go
     keys: set[Any] = field(default_factory=set)  # every selected key
     dropped: set[Any] = field(default_factory=set)  # the keys the log changed inside the window
@@ -252,12 +276,11 @@ class Chunk:
     def done(self) -> bool:
         return self.taken >= len(self.tuples)
 
-    def covers(self, state: SnapshotState | None, position: tuple[int, int] | None) -> bool:
+    def covers(self, state: SnapshotState | None, position: Any) -> bool:
         """Whether this chunk's window has read the log contiguously from its start to ``position``."""
-        low, high = self.start or (-1, -1), self.scanned_to or self.start or (-1, -1)
-        return state == self.state and low <= (position or (-1, -1)) <= high
+        return state == self.state and within(self.start, self.scanned_to, position)
 
-    def saw(self, key: tuple[int, int], table: str | None, keys: Sequence[tuple[Any, ...]]) -> None:
+    def saw(self, key: Any, table: str | None, keys: Sequence[tuple[Any, ...]]) -> None:
         """A change read from the log inside the window: its keys leave the chunk."""
         self.scanned_to = key
         if table == self.table:
@@ -388,9 +411,7 @@ class ChunkReader:
             )
         self._published = True
 
-    def read_ahead(
-        self, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str, limit: int | None = None
-    ) -> Chunk | None:
+    def read_ahead(self, state: SnapshotState, start: Any, chunk_id: str, limit: int | None = None) -> Chunk | None:
         """:meth:`read` on a pooled connection of its own (a chunk read while the tick sends the last one's rows)."""
         with self._engine.connect() as conn:
             return self.read(conn, state, start, chunk_id, limit)
@@ -399,7 +420,7 @@ class ChunkReader:
         self,
         conn: sa.Connection,
         state: SnapshotState,
-        start: tuple[int, int] | None,
+        start: Any,
         chunk_id: str | None = None,
         limit: int | None = None,
     ) -> Chunk | None:

@@ -86,11 +86,10 @@ __all__ = [
 ]
 
 KIND_BARRIER = "barrier"
-#: Whether mysql_binlog pollers act on signal rows yet. The snapshot coordinator turns it on when it
-#: reads the binlog's signal rows; until then `dbfanout snapshot` refuses a binlog poller (a request
-#: nobody reads would wait forever) and `validate` does not ask for the signal table (`--fix` still
-#: creates it).
-READY = False
+#: Whether mysql_binlog pollers act on signal rows: they do (the snapshot coordinator reads the
+#: binlog's signal rows), so `dbfanout snapshot` writes requests for them and `validate` asks for
+#: the signal table.
+READY = True
 #: ``signal_table``'s schema when none was configured (the config's PostgreSQL default).
 _DEFAULT_SCHEMA = "public"
 

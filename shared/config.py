@@ -144,12 +144,14 @@ class PollerConfig:
     tables: tuple[str, ...] = ()
     slot: str | None = None
     publication: str | None = None
-    # pg_logical snapshots (poller.snapshot): "initial" delivers every existing row once on the first
-    # start (no checkpoint yet) while changes keep flowing; "never" (the default) streams changes only.
+    # pg_logical and mysql_binlog snapshots (poller.snapshot): "initial" delivers every existing row once
+    # on the first start (no checkpoint yet) while changes keep flowing; "never" (the default) streams
+    # changes only.
     snapshot: Literal["never", "initial"] = "never"
     # Rows a snapshot chunk reads (0: four pages, at most 20,000 rows; see poller.snapshot), and the
-    # table its watermarks and requests are written to (it must be in the publication: `dbfanout
-    # validate --fix` adds it).
+    # table its watermarks and requests are written to (pg_logical: it must be in the publication,
+    # `dbfanout validate --fix` adds it; mysql_binlog: in the source database, "public." meaning the
+    # source URL's database).
     snapshot_chunk_size: int = 0
     signal_table: str = "public.dbfanout_signal"
     # When the log no longer holds the changes after the checkpoint (a replication slot PostgreSQL
@@ -701,17 +703,10 @@ def _log_tables(raw: Mapping[str, Any], prefix: str, kind: str, log: str, exampl
 
 
 def _mysql_binlog_defaults(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """A mysql_binlog poller names its tables; the binlog orders the changes."""
+    """A mysql_binlog poller names its tables; the binlog orders the changes (snapshots run beside it)."""
     tables = _log_tables(raw, prefix, "mysql_binlog", "the binlog", "shop.orders")
-    if raw.get("snapshot", "never") != "never" or "snapshot_chunk_size" in raw:
-        raise ConfigError(
-            f"{prefix}.snapshot",
-            'snapshots are not available for kind = "mysql_binlog" pollers yet: the poller delivers the changes '
-            "committed after its first tick",
-            hint="remove snapshot; to deliver the rows that exist already, run a keyset poller over the tables "
-            '(kind = "keyset", same handler) once, started before this poller\'s first tick; see docs/operations.md',
-        )
-    wrong = [k for k in ("slot", "publication", "signal_table") if k in raw]
+    # snapshot, snapshot_chunk_size and signal_table apply (the signal table is in the source database)
+    wrong = [k for k in ("slot", "publication") if k in raw]
     if wrong:
         raise ConfigError(f"{prefix}.{wrong[0]}", 'applies to kind = "pg_logical" only')
     bad = [t for t in tables if t.count(".") > 1]

@@ -1,8 +1,8 @@
-"""``dbfanout validate`` and ``status`` for the snapshots of a ``kind = "pg_logical"`` poller.
+"""``dbfanout validate`` and ``status`` for the snapshots of a ``pg_logical`` or ``mysql_binlog`` poller.
 
 Who may write the signal table (a request is read and run by the poller with its own role), what
 concurrent workers need to apply a snapshot's reads in order, and an initial snapshot configured
-too late to run.
+too late to run (a binlog poller's signal table and commit order: dbfanout/ops/binlog_checks.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from shared.config import PollerConfig
 from shared.models import Position
 
 __all__ = ["initial_too_late", "ordering_check", "signal_grant_checks"]
+
+_SNAPSHOT_KINDS = ("pg_logical", "mysql_binlog")
 
 # Roles other than the poller's own (current_user) and superusers that may write the signal table,
 # through a grant to them, to a role they are members of, or to PUBLIC. pg_* roles are built in.
@@ -62,7 +64,7 @@ def signal_grant_checks(cfg: PollerConfig) -> Iterator[Check]:
 def ordering_check(cfg: PollerConfig) -> Iterator[Check]:
     """A snapshot's reads are ordered with the stream's changes on the queue; concurrent workers
     without sessions can apply them out of order."""
-    if cfg.kind != "pg_logical" or cfg.sessions or cfg.snapshot != "initial":
+    if cfg.kind not in _SNAPSHOT_KINDS or cfg.sessions or cfg.snapshot != "initial":
         return
     yield Check(cfg.name, "snapshot order", "warn",
                 "snapshot = \"initial\" delivers to a queue without sessions: concurrent workers may apply a "
@@ -73,7 +75,12 @@ def ordering_check(cfg: PollerConfig) -> Iterator[Check]:
 def initial_too_late(cfg: PollerConfig, position: Position | None) -> str | None:
     """What to do when ``snapshot = "initial"`` was added to a poller that already has a checkpoint
     (the initial snapshot runs on a first start only): None when it does not apply."""
-    if cfg.kind != "pg_logical" or cfg.snapshot != "initial" or position is None or position.snapshot is not None:
+    if (
+        cfg.kind not in _SNAPSHOT_KINDS
+        or cfg.snapshot != "initial"
+        or position is None
+        or position.snapshot is not None
+    ):
         return None
     return (f'snapshot = "initial" runs on a first start only, and poller {cfg.name} has a checkpoint: no snapshot '
             f"ran; run `dbfanout snapshot {cfg.name}` to read its tables now")  # fmt: skip

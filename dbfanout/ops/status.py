@@ -167,7 +167,7 @@ def sink_refusing_line(refusal: Mapping[str, Any]) -> str:
 
 
 def snapshot_progress(state: SnapshotState, landed_at: dt.datetime | None) -> dict[str, Any]:
-    """A pg_logical poller's snapshot as of its last landed checkpoint: table, chunks, rows, rate, ETA.
+    """A pg_logical or mysql_binlog poller's snapshot as of its last landed checkpoint: table, chunks, rows, rate, ETA.
 
     The rate is rows over the time from its start to that checkpoint; the ETA needs the planner's
     row estimate taken at the start (None when the tables were never analysed).

@@ -132,6 +132,7 @@ def _log_checks(
         return
     source.close()
     yield from binlog_checks(cfg, others=others, fix=fix)
+    yield from ordering_check(cfg)
 
 
 def _notify_checks(cfg: PollerConfig, fix: bool) -> Iterator[Check]:

@@ -1,7 +1,7 @@
 """validate, status, tick and snapshot for a kind = "mysql_binlog" poller: MariaDB with the binlog on, Azurite.
 
 ``validate --fix`` creates the snapshot signal table; ``dbfanout snapshot`` writes MySQL's request row
-(with ``poller.snapshot_mysql.READY`` set, as the snapshot coordinator sets it).
+(``poller.snapshot_mysql.READY``: the snapshot coordinator reads the binlog's signal rows).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from poller import snapshot_mysql
 from poller.snapshot import apply_request, signal_of
 from poller.snapshot_mysql import signal_table
 from shared.config import PollerConfig
@@ -66,14 +65,42 @@ def test_validate_checks_the_binlog_and_a_tick_delivers_a_hard_delete(
     assert row["source"]["lag_bytes"] < 1024 and row["source"]["binlog_end"].startswith("binlog")
 
 
-def test_snapshot_of_a_binlog_poller_is_refused_saying_it_is_not_available_yet(
+def test_validate_fix_creates_the_signal_table_then_a_snapshot_is_queued_read_and_shown_by_status(
     workspace: Workspace, tables: BinlogTables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Given a binlog poller with a signal table of its own (not created yet), its start taken,
+    # and rows that existed before it
     _add_poller(workspace, tables, monkeypatch)
-    result = workspace.run("snapshot", "changes")
-    assert result.exit_code == 2
-    text = result.stdout + result.stderr
-    assert "not available" in text and "keyset" in text
+    signal = f"{tables.name}_sig"
+    workspace.config_path.write_text(workspace.config_path.read_text() + f'signal_table = "{signal}"\n')
+    tables.insert([1, 2, 3])
+    try:
+        workspace.tick("changes")
+        # validate says the signal table is missing; --fix creates it
+        checks = {c["name"]: c for c in json.loads(workspace.run("validate", "changes", "--json").stdout)["checks"]}
+        assert checks["signal table"]["status"] == "warn" and "validate --fix" in checks["signal table"]["detail"]
+        fixed = workspace.run("validate", "changes", "--fix", "--json")
+        checks = {c["name"]: c for c in json.loads(fixed.stdout)["checks"]}
+        assert checks["signal table"]["status"] == "ok", fixed.stdout
+        # When `dbfanout snapshot` queues one (a table of another poller is refused) and the poller ticks
+        refused = workspace.run("snapshot", "changes", "--table", "elsewhere")
+        assert refused.exit_code == 2 and "not among" in refused.stdout + refused.stderr
+        queued = workspace.run("snapshot", "changes", "--json")
+        assert queued.exit_code == 0, queued.stdout + queued.stderr
+        assert json.loads(queued.stdout)["tables"] == [tables.qualified]
+        from tests.poller.tick_support import RecordingSink
+
+        sink = RecordingSink()
+        workspace.tick("changes", sink=sink)
+        # Then every existing row came as a read, and status shows the snapshot done
+        reads = [e for b in sink.accepted for e in b.events if e.change == "read"]
+        assert sorted(e.pk["id"] for e in reads) == [1, 2, 3]
+        (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+        snap = row["snapshot"]
+        assert (snap["status"], snap["rows"], snap["id"]) == ("done", 3, json.loads(queued.stdout)["request"])
+    finally:
+        with tables.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {signal}"))
 
 
 @pytest.fixture
@@ -113,10 +140,7 @@ def test_validate_fix_creates_the_signal_table_in_the_source_database(
     workspace: Workspace, tables: BinlogTables, own_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _add_poller_in(workspace, tables, own_database, monkeypatch)
-    # Before binlog snapshots are switched on, validate does not ask for the signal table
-    assert _signal_check(workspace) == []
-    # Once they are, a missing one is a warning naming the fix
-    monkeypatch.setattr(snapshot_mysql, "READY", True)
+    # A missing signal table is a warning naming the fix
     (missing,) = _signal_check(workspace)
     assert missing["status"] == "warn" and "dbfanout validate --fix" in missing["detail"]
     # --fix creates it, an InnoDB table in the URL's database; then it exists
@@ -135,7 +159,6 @@ def test_validate_fix_creates_the_signal_table_in_the_source_database(
 def test_snapshot_writes_a_request_the_binlog_carries_to_signal_of(
     workspace: Workspace, tables: BinlogTables, own_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(snapshot_mysql, "READY", True)  # as the coordinator's merge will set it
     cfg = _add_poller_in(workspace, tables, own_database, monkeypatch)
     # Without the signal table the request is refused, naming the fix
     refused = workspace.run("snapshot", "changes")

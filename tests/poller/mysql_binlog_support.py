@@ -122,6 +122,58 @@ def source_rows(tables: BinlogTables) -> dict[tuple[str, tuple[Any, ...]], dict[
     return out
 
 
+class Versions:
+    """Writes to ``{t}`` (``id``, ``v``, ``n``) that set ``n`` to a version growing per key in commit
+    order, whoever writes: a row of ``{t}_gen`` per key, bumped first in the same transaction, holds
+    the key's lock until the commit. A delete sets the version first, so its before image carries it.
+    Snapshot tests check delivery against these versions (:func:`stale_or_resurrected`)."""
+
+    def __init__(self, table: str) -> None:
+        """``table``: the name of a :class:`BinlogTables`' ``{t}`` (in the connection's database)."""
+        self.table, self.gen = table, f"{table}_gen"
+
+    def create(self, engine: sa.Engine) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE IF NOT EXISTS {self.gen} (id INT PRIMARY KEY, g INT NOT NULL)"))
+
+    def drop(self, engine: sa.Engine) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.gen}"))
+
+    def write(self, conn: sa.Connection, key: int, op: str, v: str = "w") -> None:
+        """``op``: update, delete or upsert, in the caller's transaction (it commits)."""
+        args: dict[str, Any] = {"k": key, "v": v}
+        conn.execute(sa.text(f"INSERT INTO {self.gen} (id, g) VALUES (:k, 1) ON DUPLICATE KEY UPDATE g = g + 1"), args)
+        args["n"] = conn.execute(sa.text(f"SELECT g FROM {self.gen} WHERE id = :k"), args).scalar_one()
+        if op == "upsert":
+            upsert = f"INSERT INTO {self.table} (id, v, n) VALUES (:k, :v, :n) ON DUPLICATE KEY UPDATE v = :v, n = :n"
+            conn.execute(sa.text(upsert), args)
+            return
+        conn.execute(sa.text(f"UPDATE {self.table} SET v = :v, n = :n WHERE id = :k"), args)
+        if op == "delete":
+            conn.execute(sa.text(f"DELETE FROM {self.table} WHERE id = :k"), args)
+
+
+def stale_or_resurrected(events: Sequence[RowChange]) -> list[tuple[Any, ...]]:
+    """Snapshot rows older than a change of their key delivered before them (``n``: the versions
+    :class:`Versions` writes; rows that predate the writes have 0).
+
+    In delivery order a key's versions must never go back, and a read after a delete must be of a
+    row written after it (a higher version).
+    """
+    last: dict[Any, tuple[int, bool]] = {}  # key -> (version, deleted)
+    bad: list[tuple[Any, ...]] = []
+    for e in events:
+        image = e.before if e.change == "delete" else e.after
+        assert image is not None
+        version, key = int(image["n"]), e.pk["id"]
+        seen = last.get(key)
+        if e.change == "read" and seen is not None and (version < seen[0] or (seen[1] and version <= seen[0])):
+            bad.append((key, e.change, version, seen))
+        last[key] = (max(version, seen[0]) if seen else version, e.change == "delete")
+    return bad
+
+
 def binlog_here(config: PollerConfig) -> BinlogPosition:
     """The binlog's end now (with MariaDB's GTID state): where a stream opened now would start."""
     source = MysqlBinlogSource(config)

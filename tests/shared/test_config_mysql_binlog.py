@@ -29,13 +29,10 @@ def test_one_table_may_be_given_as_table() -> None:
     assert parse_config({"app": {"name": "t"}, "pollers": {"log": raw}}, {}).pollers["log"].tables == ("shop.orders",)
 
 
-@pytest.mark.parametrize("snapshot", [{"snapshot": "initial"}, {"snapshot_chunk_size": 100}])
-def test_a_snapshot_is_refused_saying_it_is_not_available_yet_and_what_to_do(snapshot: dict[str, object]) -> None:
-    with pytest.raises(ConfigError) as exc:
-        parse_config(_binlog(**snapshot), {})
-    assert exc.value.key == "pollers.log.snapshot"
-    text = f"{exc.value} {exc.value.hint}"
-    assert "not available" in text and "keyset" in text
+def test_snapshot_keys_apply_to_binlog_pollers_the_signal_table_in_the_source_database() -> None:
+    log = parse_config(_binlog(snapshot="initial", snapshot_chunk_size=100), {}).pollers["log"]
+    assert (log.snapshot, log.snapshot_chunk_size, log.signal_table) == ("initial", 100, "public.dbfanout_signal")
+    assert parse_config(_binlog(signal_table="shop.sig"), {}).pollers["log"].signal_table == "shop.sig"
 
 
 @pytest.mark.parametrize(
@@ -68,6 +65,19 @@ def test_a_binlog_poller_on_another_database_is_refused_when_it_opens() -> None:
     with pytest.raises(ConfigError) as exc:
         open_source(cfg)
     assert exc.value.key == "pollers.log.kind" and "MariaDB" in str(exc.value)
+
+
+def test_qualified_tables_need_no_database_in_the_url_unless_the_signal_table_is_needed() -> None:
+    # Without a database in the URL the default signal table has nowhere to live: a poller that
+    # streams only still opens (snapshot requests cannot reach it); one with snapshot = "initial" is refused
+    url = "mysql+pymysql://u@h"
+    open_source(parse_config(_binlog(source_url=url, tables=["shop.orders"]), {}).pollers["log"]).close()
+    initial = parse_config(_binlog(source_url=url, tables=["shop.orders"], snapshot="initial"), {}).pollers["log"]
+    with pytest.raises(ConfigError) as exc:
+        open_source(initial)
+    assert exc.value.key == "pollers.log.signal_table" and exc.value.hint and "shop.dbfanout_signal" in exc.value.hint
+    named = _binlog(source_url=url, tables=["shop.orders"], snapshot="initial", signal_table="shop.sig")
+    open_source(parse_config(named, {}).pollers["log"]).close()
 
 
 def test_an_unqualified_table_needs_a_database_in_the_url() -> None:
