@@ -75,7 +75,6 @@ from shared.models import SnapshotState
 
 __all__ = [
     "KIND_BARRIER",
-    "READY",
     "MysqlChunkReader",
     "mysql_request_statement",
     "mysql_signal_sql",
@@ -86,10 +85,6 @@ __all__ = [
 ]
 
 KIND_BARRIER = "barrier"
-#: Whether mysql_binlog pollers act on signal rows: they do (the snapshot coordinator reads the
-#: binlog's signal rows), so `dbfanout snapshot` writes requests for them and `validate` asks for
-#: the signal table.
-READY = True
 #: ``signal_table``'s schema when none was configured (the config's PostgreSQL default).
 _DEFAULT_SCHEMA = "public"
 

@@ -119,10 +119,6 @@ def _known(cfg: PollerConfig) -> list[str]:
 
 def _tables(cfg: PollerConfig, asked: list[str]) -> list[str]:
     if cfg.kind == "mysql_binlog":
-        from poller import snapshot_mysql
-
-        if not snapshot_mysql.READY:
-            _binlog_not_ready(cfg)
         known = _known(cfg)
         tables = [t if "." in t else next((k for k in known if k.partition(".")[2] == t), t) for t in asked]
         return _among(cfg, tables, known)
@@ -141,15 +137,6 @@ def _among(cfg: PollerConfig, tables: list[str], known: list[str]) -> list[str]:
     if unknown:
         fail(f"{', '.join(unknown)} not among poller {cfg.name}'s tables ({', '.join(known)})", EXIT_USAGE)
     return tables
-
-
-def _binlog_not_ready(cfg: PollerConfig) -> None:
-    fail(
-        f'poller {cfg.name} is kind = "mysql_binlog": snapshots are not available for binlog pollers yet',
-        EXIT_USAGE,
-        "to deliver the rows that exist, run a keyset poller (same handler) over the tables; "
-        "see docs/operations.md, MySQL and MariaDB binlog",
-    )
 
 
 def _check_where(reader: ChunkReader | MysqlChunkReader, tables: list[str], where: str) -> None:

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import sqlalchemy as sa
 
 from dbfanout.ops.checks import Check, Status
-from poller import snapshot_mysql
 from poller.engines import source_engine
 from poller.mysql_binlog import MysqlBinlogSource, qualified_tables
 from poller.snapshot_mysql import mysql_signal_sql, quote_mysql, signal_table
@@ -93,7 +92,7 @@ def _commit_order_check(cfg: PollerConfig, values: dict[str, str]) -> Iterator[C
     """A snapshot's barrier (poller/snapshot_mysql.py) needs InnoDB to commit in binlog order: MySQL's
     ``binlog_order_commits`` (ON by default); MariaDB has no such setting (it always does)."""
     value = values.get("binlog_order_commits")
-    if value is None or not snapshot_mysql.READY:
+    if value is None:
         return
     if value.upper() == "ON":
         yield Check(cfg.name, "binlog_order_commits", "ok", "ON (commits are visible in binlog order)")
@@ -176,9 +175,8 @@ def _signal_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator
     """The snapshot signal table (watermarks and `dbfanout snapshot` requests, read from the binlog)."""
     try:
         table = signal_table(cfg)
-    except ConfigError as exc:  # no database to put it in: only worth saying when it is wanted
-        if fix or snapshot_mysql.READY:
-            yield Check(cfg.name, "signal table", "fail", str(exc))
+    except ConfigError as exc:  # no database to put it in
+        yield Check(cfg.name, "signal table", "fail", str(exc))
         return
     (create,) = mysql_signal_sql(cfg)
     schema, _, name = table.partition(".")
@@ -196,7 +194,7 @@ def _signal_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator
         conn.execute(sa.text(create))
         conn.commit()
         yield Check(cfg.name, "signal table", "ok", f"created: {create}")
-    elif snapshot_mysql.READY:  # until snapshots of binlog pollers run, nothing needs it
+    else:
         status: Status = "fail" if cfg.snapshot == "initial" else "warn"
         fix_it = f"run `dbfanout validate --fix`, or: {create}"
         yield Check(cfg.name, "signal table", status, f"{table} does not exist (snapshots need it): {fix_it}")

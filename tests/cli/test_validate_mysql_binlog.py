@@ -1,7 +1,7 @@
 """validate, status, tick and snapshot for a kind = "mysql_binlog" poller: MariaDB with the binlog on, Azurite.
 
-``validate --fix`` creates the snapshot signal table; ``dbfanout snapshot`` writes MySQL's request row
-(``poller.snapshot_mysql.READY``: the snapshot coordinator reads the binlog's signal rows).
+``validate --fix`` creates the snapshot signal table; ``dbfanout snapshot`` writes MySQL's request row,
+which the poller's snapshot coordinator reads from the binlog.
 """
 
 from __future__ import annotations

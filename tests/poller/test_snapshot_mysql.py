@@ -319,14 +319,12 @@ def test_a_chunk_reads_a_range_of_the_key_not_the_table_before_it(tables: Binlog
     assert read < 100, f"{read} handler reads for a chunk of 5"
 
 
-def test_validate_wants_binlog_order_commits_on_for_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_validate_wants_binlog_order_commits_on_for_snapshots() -> None:
     # MySQL's setting (MariaDB has none: it commits in binlog order always), read by validate's query
     from dbfanout.ops import binlog_checks
-    from poller import snapshot_mysql
     from tests.poller.mysql_binlog_support import poller_config
 
     config = poller_config("mysql+pymysql://u@h/shop", ["orders"])
-    monkeypatch.setattr(snapshot_mysql, "READY", True)
     check = binlog_checks._commit_order_check
     assert [(c.status, c.name) for c in check(config, {"binlog_order_commits": "ON"})] == [
         ("ok", "binlog_order_commits")
@@ -334,8 +332,6 @@ def test_validate_wants_binlog_order_commits_on_for_snapshots(monkeypatch: pytes
     (off,) = check(config, {"binlog_order_commits": "OFF"})
     assert off.status == "warn" and "set it to ON" in off.detail
     assert list(check(config, {})) == []  # MariaDB
-    monkeypatch.setattr(snapshot_mysql, "READY", False)
-    assert list(check(config, {"binlog_order_commits": "OFF"})) == []  # no snapshots yet: nothing to say
 
 
 def test_a_timestamp_is_read_as_the_binlog_carries_it_whatever_the_sessions_zone(tables: BinlogTables) -> None:
