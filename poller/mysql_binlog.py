@@ -117,6 +117,7 @@ class MysqlBinlogSource:
         )
         self._lock = threading.Lock()
         self._reader: Any = None  # the open BinlogReader (poller.mysql_binlog_reader), if any
+        self._row = _RowMaker()
         self._stream_at: BinlogPosition | None = None  # the open stream's next read continues after this
         self._idle: tuple[BinlogPosition, tuple[str, int]] | None = None  # read to the end at: (after, end)
         self._mariadb: bool | None = None
@@ -276,7 +277,7 @@ class MysqlBinlogSource:
         return [tuple(image[p] for p in pk) for image in images if image and all(p in image for p in pk)]
 
     def row(self, conn: sa.Connection, change: Any, state: SnapshotState | None) -> SourceRow:
-        return _row(change, state)
+        return self._row(change, state)
 
     def position(self, key: BinlogPosition | None, state: SnapshotState | None) -> Position:
         assert key is not None  # a binlog poller always has a position (its first start takes the end)
@@ -429,24 +430,45 @@ def _text_values(image: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v.decode() if isinstance(v, bytes) else v for k, v in image.items()}
 
 
-def _row(c: Any, state: SnapshotState | None = None) -> SourceRow:
-    """A :class:`~poller.mysql_binlog_reader.BinlogChange` as the row a page carries."""
-    image = c.before if c.kind == "delete" else c.after
+class _RowMaker:
+    """:class:`~poller.mysql_binlog_reader.BinlogChange` → the row a page carries: the hot path of
+    a catch-up. What depends only on the transaction (the event cursor's head, the checkpoint's
+    cursor and tiebreaker) is worked out once per transaction, not per change (a regex and a dict
+    each), and the library's row dicts are passed on, not copied (nobody mutates a row's values)."""
+
+    __slots__ = ("_head", "_key", "_keys", "_number", "_tail", "_txn")
+
+    def __init__(self) -> None:
+        self._txn: BinlogPosition | None = None  # the transaction the forms below are of
+        self._number, self._head = 0, ()
+        self._tail: dict[str, Any] = {}  # the checkpoint's tiebreaker but its seq
+        self._keys: tuple[str, ...] = ()
+        self._key: str | None = None  # a one-column key's name: read without a loop
+
+    def __call__(self, change: Any, state: SnapshotState | None = None) -> SourceRow:
+        txn, seq, kind, table, pk_names, before, after, committed_at = change  # a tuple: unpacked at C speed
+        if txn is not self._txn:
+            checkpoint = txn.to_position()
+            tail = dict(checkpoint.pk)
+            del tail["seq"]  # per change, first (the order the checkpoint is written in)
+            self._txn, self._number, self._head, self._tail = txn, checkpoint.cursor, txn.event_cursor()[:-1], tail
+        if pk_names is not self._keys:  # one tuple per row event
+            self._keys, self._key = pk_names, pk_names[0] if len(pk_names) == 1 else None
+        deleted = kind == "delete"
+        image = before if deleted else after
+        key = self._key
+        try:
+            pk = {key: image[key]} if key is not None else {p: image[p] for p in pk_names}
+        except KeyError:
+            raise _lacks_key(change, image) from None
+        fields = EventFields(pk, (*self._head, seq), kind, before, table, None, committed_at)
+        # A snapshot's state rides on every position (into the checkpoint) while one runs.
+        return SourceRow(Position(self._number, {"seq": seq, **self._tail}, state), after or {}, deleted, fields)
+
+
+def _lacks_key(c: Any, image: dict[str, Any]) -> SourceError:
     missing = [p for p in c.pk if p not in image]
-    if missing:
-        raise SourceError(
-            f"{c.kind} on {c.table} at {c.position} lacks key column(s) {missing}",
-            hint="set pk to columns of the table (or drop pk: each table's primary key is used)",
-        )
-    fields = EventFields(
-        pk={p: image[p] for p in c.pk},
-        cursor=c.position.event_cursor(),
-        change=c.kind,
-        before=c.before,
-        table=c.table,
-        committed_at=c.committed_at,
+    return SourceError(
+        f"{c.kind} on {c.table} at {c.position} lacks key column(s) {missing}",
+        hint="set pk to columns of the table (or drop pk: each table's primary key is used)",
     )
-    position = c.position.to_position()
-    if state is not None:  # a snapshot runs: its state rides on every position (into the checkpoint)
-        position = Position(position.cursor, position.pk, state)
-    return SourceRow(position, dict(c.after or {}), c.kind == "delete", fields)

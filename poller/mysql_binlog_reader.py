@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import (
@@ -59,11 +59,16 @@ _UNSEEN = -2  # a transaction's rows are all new
 _ALL = 1 << 62  # a transaction's rows were all read before
 
 
-@dataclass(frozen=True, slots=True)
-class BinlogChange:
-    """One row change of a listed table, as the binlog wrote it."""
+class BinlogChange(NamedTuple):
+    """One row change of a listed table, as the binlog wrote it.
 
-    position: BinlogPosition
+    A named tuple of its transaction's start and its index in it, not a dataclass holding a
+    position of its own: one is made per change, and a frozen dataclass (and a position per
+    change) cost more than the rest of our per-change work (BENCHMARKS.md, issue 30).
+    """
+
+    txn: BinlogPosition  # the transaction's start (seq -1)
+    seq: int  # the change's index among the transaction's changes of the listed tables
     kind: ChangeKind
     table: str  # schema.table
     pk: tuple[str, ...]
@@ -72,9 +77,13 @@ class BinlogChange:
     committed_at: dt.datetime
 
     @property
+    def position(self) -> BinlogPosition:
+        return self.txn.with_seq(self.seq)
+
+    @property
     def key(self) -> BinlogPosition:
         """Its position key in the log (the snapshot coordinator's; ordered as the binlog)."""
-        return self.position
+        return self.txn.with_seq(self.seq)
 
 
 @dataclass(slots=True)
@@ -137,6 +146,10 @@ class BinlogReader:
             # the read to see that it reached ``until`` (a filtered one is skipped inside the
             # library, which then blocks for the next event: a heartbeat's wait).
             "only_events": None,
+            # Other tables cost next to nothing: the library drops their table maps after the
+            # name and their row events at the table id, never decoding a row (row decoding is
+            # lazy, on ``.rows``). Event types read for nothing are one small object per
+            # transaction, not per row (BENCHMARKS.md, issue 30).
             "only_schemas": schemas,
             "only_tables": names,
             "enable_logging": False,
@@ -299,21 +312,26 @@ class BinlogReader:
                 f"table {table} has no primary key (binlog at {self._file}:{event.packet.log_pos})",
                 hint="add a primary key, or set pk to the columns that identify a row",
             )
-        kind: ChangeKind = "insert" if isinstance(event, WriteRowsEvent) else "delete"
+        if txn.skip_through == _ALL:
+            return  # a transaction read whole before (re-sent by the library): its rows are not decoded
+        rows = event.rows
+        first = txn.seq + 1  # the index of the event's first row in its transaction
+        txn.seq += len(rows)
+        if txn.skip_through >= first:
+            rows = rows[txn.skip_through - first + 1 :]  # read before this stream: skipped
+            first = txn.skip_through + 1
+        # One positional tuple per change, the loop per event type (no per-row branch).
+        start, at, make = txn.position, txn.committed_at, BinlogChange
         if isinstance(event, UpdateRowsEvent):
-            kind = "update"
-        for row in event.rows:
-            txn.seq += 1
-            if txn.seq <= txn.skip_through:
-                continue
-            if kind == "update":
-                before, after = row["before_values"], row["after_values"]
-            elif kind == "insert":
-                before, after = None, row["values"]
-            else:
-                before, after = row["values"], None
-            position = txn.position.with_seq(txn.seq)
-            self._rows.append(BinlogChange(position, kind, table, pk, before, after, txn.committed_at))
+            changes = [
+                make(start, s, "update", table, pk, r["before_values"], r["after_values"], at)
+                for s, r in enumerate(rows, first)
+            ]
+        elif isinstance(event, WriteRowsEvent):
+            changes = [make(start, s, "insert", table, pk, None, r["values"], at) for s, r in enumerate(rows, first)]
+        else:
+            changes = [make(start, s, "delete", table, pk, r["values"], None, at) for s, r in enumerate(rows, first)]
+        self._rows.extend(changes)
 
 
 def _gtid_of(event: Any) -> str | None:
