@@ -13,7 +13,10 @@ catchup : the changes (inserts, then updates of a fifth of the rows and hard del
           binlog  - run_tick() until caught up: stream → decode → batch → a sink that builds every
                     event → CAS commit on the in-memory state store;
           keyset  - the same over a table holding as many rows (cursor ``version``, indexed), the
-                    keyset poller on the same server. rows/s = rows delivered / seconds.
+                    keyset poller on the same server; the table is filled before the binlog
+                    poller's starting point, so neither poller reads the other's rows.
+          rows/s = rows delivered / seconds; rows per CPU second counts the poller's CPU and the
+          private server's (the keyset's queries run there), steadier than wall time on a busy machine.
 latency : the real ``function_app.py`` under ``dbfanout run`` (Azurite, the emulator), a writer
           committing --rate rows/s in 20 transactions a second, each row stamped with its commit
           time; the handler records handler time minus commit time (benchmarks/bench_latency.py's
@@ -65,6 +68,17 @@ def _server() -> tuple[str, Any]:
     return server.url, server
 
 
+def _server_cpu(server: Any) -> float:
+    """CPU seconds the private server has used (0 for a server of DBFANOUT_TEST_MYSQL_BINLOG_URL).
+
+    Beside rows/s, rows per CPU second (poller and server) is the cost on a machine whose other
+    load makes wall time vary run to run."""
+    if server is None:
+        return 0.0
+    fields = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _binlog_config(url: str, table: str, batch: int, **more: Any) -> PollerConfig:
     raw = {"kind": "mysql_binlog", "source_url": url, "tables": [table], "queue": "q", "batch_size": batch,
            "max_batches_per_tick": 100, "max_uncommitted_batches": 16, **more}  # fmt: skip
@@ -77,9 +91,14 @@ def _keyset_config(url: str, table: str, batch: int) -> PollerConfig:
     return parse_config({"app": {"name": "b"}, "pollers": {"p": raw}}, {}).pollers["p"]
 
 
-def _write_changes(engine: sa.Engine, table: str, changes: int, txn: int) -> int:
+def _plan(changes: int) -> tuple[int, int, int]:
+    """(inserts, updates, deletes) of about ``changes`` changes."""
     inserts = changes * 100 // 130
-    updates, deletes = inserts // 5, inserts // 10
+    return inserts, inserts // 5, inserts // 10
+
+
+def _write_changes(engine: sa.Engine, table: str, changes: int, txn: int) -> int:
+    inserts, updates, deletes = _plan(changes)
     for start in range(0, inserts, txn):
         rows = [{"id": i, "v": f"customer-{i}", "n": i} for i in range(start, min(start + txn, inserts))]
         with engine.begin() as conn:
@@ -130,14 +149,16 @@ def child(kind: str, url: str, table: str, batch: int, start: str | None) -> Non
             super().send(b)
             delivered += len(b.events)
 
-    began = time.perf_counter()
+    began, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    cpu_before = before.ru_utime + before.ru_stime
     while True:
         result = run_tick(cfg, source, store, Counting(), owner_id="bench")
         if result.stop_reason == "caught_up":
             break
     seconds = time.perf_counter() - began
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"rows": delivered, "seconds": seconds, "rss_mb": rss}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime - cpu_before
+    print(json.dumps({"rows": delivered, "seconds": seconds, "rss_mb": usage.ru_maxrss / 1024, "cpu": cpu}))
 
 
 def _run_child(kind: str, url: str, table: str, batch: int, start: str | None) -> dict[str, Any]:
@@ -162,21 +183,28 @@ def catchup(args: argparse.Namespace) -> None:
             for t in (binlog_table, keyset_table):
                 conn.execute(sa.text(f"CREATE TABLE {t} (id INT PRIMARY KEY, version BIGINT NOT NULL, v VARCHAR(40),"
                                      f" n INT, KEY ix_{t} (version, id))"))  # fmt: skip
+        # The keyset table is filled before the binlog poller's starting point: each poller then
+        # reads only its own rows (the binlog stream is not also carrying the keyset table's inserts).
+        began = time.perf_counter()
+        count = sum(_plan(args.changes))
+        _fill(engine, keyset_table, count, args.txn)  # as many rows as the binlog has changes
         source = MysqlBinlogSource(_binlog_config(url, binlog_table, args.batch))
         first = source.fetch(None, 1).advance
         source.close()
         assert first is not None
         start = json.dumps(encode_position(first))
-        began = time.perf_counter()
         changes = _write_changes(engine, binlog_table, args.changes, args.txn)
-        _fill(engine, keyset_table, changes, args.txn)  # as many rows as the binlog has changes
+        assert changes == count
         print(f"wrote {changes} changes and {changes} keyset rows in {time.perf_counter() - began:.0f} s", flush=True)
         print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
         for _ in range(args.repeat):
             for kind, table in (("binlog", binlog_table), ("keyset", keyset_table)):
+                server_before = _server_cpu(server)
                 r = _run_child(kind, url, table, args.batch, start if kind == "binlog" else None)
-                print(f"{kind:7} rows={r['rows']} {r['rows'] / r['seconds']:,.0f} rows/s peak RSS {r['rss_mb']:.0f} MB",
-                      flush=True)  # fmt: skip
+                cpu = r["cpu"] + _server_cpu(server) - server_before  # the server's part: the keyset's queries
+                print(f"{kind:7} rows={r['rows']} {r['rows'] / r['seconds']:,.0f} rows/s peak RSS {r['rss_mb']:.0f} MB"
+                      f" | {r['rows'] / cpu:,.0f} rows per CPU second (poller {r['cpu']:.2f} s + server"
+                      f" {cpu - r['cpu']:.2f} s) | load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
         print(f"load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         with engine.begin() as conn:
