@@ -2,6 +2,7 @@
 latency with linger (issue 30). Run by hand; prints one line per figure.
 
     .venv/bin/python benchmarks/bench_mysql_binlog.py catchup [--changes 1000000] [--txn 1000] [--batch 1000]
+                                                              [--repeat N] [--baseline /tmp/base-checkout]
     .venv/bin/python benchmarks/bench_mysql_binlog.py latency [--seconds 20] [--rate 200] [--linger 1 --poll-ms 50]
 
 The server: DBFANOUT_TEST_MYSQL_BINLOG_URL when set (its binlog must be on, ROW, FULL), else a
@@ -15,8 +16,10 @@ catchup : the changes (inserts, then updates of a fifth of the rows and hard del
           keyset  - the same over a table holding as many rows (cursor ``version``, indexed), the
                     keyset poller on the same server; the table is filled before the binlog
                     poller's starting point, so neither poller reads the other's rows.
-          rows/s = rows delivered / seconds; rows per CPU second counts the poller's CPU and the
-          private server's (the keyset's queries run there), steadier than wall time on a busy machine.
+          rows/s = rows delivered / seconds; rows per CPU second counts the poller process's CPU
+          (start-up included) and the private server's (the keyset's queries run there): steadier
+          than wall time on a busy machine. --baseline runs another checkout's children in turn
+          with this one's, on the same rows (before/after figures at the same load).
 latency : the real ``function_app.py`` under ``dbfanout run`` (Azurite, the emulator), a writer
           committing --rate rows/s in 20 transactions a second, each row stamped with its commit
           time; the handler records handler time minus commit time (benchmarks/bench_latency.py's
@@ -149,24 +152,27 @@ def child(kind: str, url: str, table: str, batch: int, start: str | None) -> Non
             super().send(b)
             delivered += len(b.events)
 
-    began, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-    cpu_before = before.ru_utime + before.ru_stime
+    began = time.perf_counter()
     while True:
         result = run_tick(cfg, source, store, Counting(), owner_id="bench")
         if result.stop_reason == "caught_up":
             break
     seconds = time.perf_counter() - began
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = usage.ru_utime + usage.ru_stime - cpu_before
-    print(json.dumps({"rows": delivered, "seconds": seconds, "rss_mb": usage.ru_maxrss / 1024, "cpu": cpu}))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rows": delivered, "seconds": seconds, "rss_mb": rss}))
 
 
-def _run_child(kind: str, url: str, table: str, batch: int, start: str | None) -> dict[str, Any]:
-    args = [sys.executable, __file__, "--child", kind, "--url", url, "--table", table, "--batch", str(batch)]
+def _run_child(kind: str, url: str, table: str, batch: int, start: str | None, script: Path) -> dict[str, Any]:
+    """One catch-up by ``script`` (this file, or a baseline checkout's) in a child process; its
+    CPU seconds (start-up included) from the children's resource usage."""
+    args = [sys.executable, str(script), "--child", kind, "--url", url, "--table", table, "--batch", str(batch)]
     if start is not None:
         args += ["--start", start]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(args, capture_output=True, text=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["cpu"] = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return result
 
 
@@ -197,14 +203,19 @@ def catchup(args: argparse.Namespace) -> None:
         assert changes == count
         print(f"wrote {changes} changes and {changes} keyset rows in {time.perf_counter() - began:.0f} s", flush=True)
         print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+        scripts = [("", Path(__file__))]
+        if args.baseline:  # interleaved with this checkout's, on the same rows and the same load
+            scripts.insert(0, ("baseline ", Path(args.baseline) / "benchmarks" / "bench_mysql_binlog.py"))
         for _ in range(args.repeat):
-            for kind, table in (("binlog", binlog_table), ("keyset", keyset_table)):
-                server_before = _server_cpu(server)
-                r = _run_child(kind, url, table, args.batch, start if kind == "binlog" else None)
-                cpu = r["cpu"] + _server_cpu(server) - server_before  # the server's part: the keyset's queries
-                print(f"{kind:7} rows={r['rows']} {r['rows'] / r['seconds']:,.0f} rows/s peak RSS {r['rss_mb']:.0f} MB"
-                      f" | {r['rows'] / cpu:,.0f} rows per CPU second (poller {r['cpu']:.2f} s + server"
-                      f" {cpu - r['cpu']:.2f} s) | load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+            for label, script in scripts:
+                for kind, table in (("binlog", binlog_table), ("keyset", keyset_table)):
+                    server_before = _server_cpu(server)
+                    r = _run_child(kind, url, table, args.batch, start if kind == "binlog" else None, script)
+                    served = _server_cpu(server) - server_before  # the keyset's queries run there
+                    print(f"{label}{kind:7} rows={r['rows']} {r['rows'] / r['seconds']:,.0f} rows/s peak RSS "
+                          f"{r['rss_mb']:.0f} MB | {r['rows'] / (r['cpu'] + served):,.0f} rows per CPU second (poller "
+                          f"{r['cpu']:.2f} s with its start-up, server {served:.2f} s) | load {os.getloadavg()[0]:.2f}",
+                          flush=True)  # fmt: skip
         print(f"load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         with engine.begin() as conn:
@@ -297,6 +308,7 @@ def main() -> None:
     parser.add_argument("--txn", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--baseline", help="a checkout (git worktree) whose catch-up runs interleaved with this one's")
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--linger", type=float, default=1.0)
