@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -14,7 +15,14 @@ KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr
 
 
 class Azurite(services.Azurite):
-    """The demo's Azurite; fault tests may also freeze it."""
+    """The demo's Azurite; fault tests may also freeze it. Its folder (the log) goes with it."""
+
+    folder: Path | None = None
+
+    def stop(self) -> None:
+        super().stop()
+        if self.folder is not None:  # a test run starts many: none is left in the temp folder
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): requests hang, like a storage outage or a network stall."""
@@ -26,5 +34,12 @@ class Azurite(services.Azurite):
 
 def start_azurite() -> Azurite:
     """Start Azurite as the demo does, in a fresh folder of its own (its log goes there)."""
-    started = services.start_azurite(Path(tempfile.mkdtemp(prefix="azurite-")))
-    return Azurite(started.child, started.blob_port, started.queue_port)
+    folder = Path(tempfile.mkdtemp(prefix="azurite-"))
+    try:
+        started = services.start_azurite(folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    azurite = Azurite(started.child, started.blob_port, started.queue_port)
+    azurite.folder = folder
+    return azurite
