@@ -79,6 +79,7 @@ __all__ = [
     "initial_state",
     "qualified",
     "quote_table",
+    "request_params",
     "request_statement",
     "signal_sql",
 ]
@@ -172,15 +173,26 @@ def request_statement(
     One row per poller (a new request replaces one not yet started); the poller reads it from its
     slot, in order with the changes.
     """
-    request_id = uuid.uuid4().hex
+    params = request_params(config, tables=tables, where=where, chunk_size=chunk_size, cancel=cancel)
+    return sa.text(_UPSERT.format(table=quote_table(config.signal_table))), params
+
+
+def request_params(
+    config: PollerConfig,
+    *,
+    tables: Sequence[str] | None = None,
+    where: str | None = None,
+    chunk_size: int | None = None,
+    cancel: bool = False,
+) -> dict[str, Any]:
+    """A request row's values (a new id each time), whatever the database's upsert looks like."""
     data: dict[str, Any] = {"action": "cancel"} if cancel else {
         "action": "snapshot",
         "tables": list(tables) if tables else None,
         "where": where,
         "chunk_size": chunk_size,
     }  # fmt: skip
-    params = {"poller": config.name, "kind": KIND_REQUEST, "id": request_id, "data": dumps(data).decode()}
-    return sa.text(_UPSERT.format(table=quote_table(config.signal_table))), params
+    return {"poller": config.name, "kind": KIND_REQUEST, "id": uuid.uuid4().hex, "data": dumps(data).decode()}
 
 
 #: The default chunk: this many pages (``batch_size`` rows each), at most CHUNK_MAX_ROWS rows (at

@@ -65,7 +65,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from poller.snapshot import KIND_REQUEST, KIND_WATERMARK, Chunk
+from poller.snapshot import KIND_WATERMARK, Chunk, request_params
 from poller.snapshot_where import WhereRefused, where_sql
 from poller.source import fetch_tuples
 from shared.codec import dumps, encode_value
@@ -160,13 +160,7 @@ def mysql_request_statement(
 ) -> tuple[sa.TextClause, dict[str, Any]]:
     """:func:`poller.snapshot.request_statement` for MySQL/MariaDB: the same row (one per poller, a
     new request replaces one not yet started), written with ``INSERT ... ON DUPLICATE KEY UPDATE``."""
-    data: dict[str, Any] = {"action": "cancel"} if cancel else {
-        "action": "snapshot",
-        "tables": list(tables) if tables else None,
-        "where": where,
-        "chunk_size": chunk_size,
-    }  # fmt: skip
-    params = {"poller": config.name, "kind": KIND_REQUEST, "id": uuid.uuid4().hex, "data": dumps(data).decode()}
+    params = request_params(config, tables=tables, where=where, chunk_size=chunk_size, cancel=cancel)
     return _upsert(config), params
 
 
