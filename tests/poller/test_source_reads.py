@@ -103,7 +103,7 @@ def _kill(admin: sa.Engine, backend: int) -> None:
                 if postgres
                 else "SELECT count(*) FROM information_schema.processlist WHERE id = :p"
             )
-            return conn.execute(sa.text(query), {"p": backend}).scalar_one() == 0
+            return int(conn.execute(sa.text(query), {"p": backend}).scalar_one()) == 0
 
     wait_until(gone, 10, f"the server ending session {backend}")
 
