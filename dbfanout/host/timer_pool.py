@@ -53,7 +53,7 @@ class TimerPool:
         self._started_at = 0.0  # when a worker last took a firing
         self._timers = 0  # registered and not stopped
         self._scheduler: threading.Thread | None = None
-        self.threads_started = 0  # workers ever started (tests)
+        self.threads_started = 0  # workers ever started
 
     # -- the timers' side -------------------------------------------------------------------
 
@@ -74,8 +74,9 @@ class TimerPool:
         """A timer stopped; with none left the threads end (their calls run to their end first)."""
         with self._lock:
             self._timers -= 1
-            self._tick.notify()
-            self._work.notify_all()
+            if self._timers <= 0:
+                self._tick.notify()
+                self._work.notify_all()
 
     # -- the scheduler ----------------------------------------------------------------------
 
