@@ -100,6 +100,11 @@ def read_engine_options(url: str) -> dict[str, Any]:
     backend = sa.make_url(url).get_backend_name()
     if backend not in _AUTOCOMMIT_READS:
         return options  # SQLite: its own pool and transactions, as for every engine
+    if sa.make_url(url).get_driver_name() == "psycopg":
+        # psycopg prepares a statement on the server at its 5th run on a connection (a ROLLBACK
+        # used to discard them); a prepared `SELECT *` then fails after a migration ("cached
+        # plan must not change result type") instead of showing the new columns.
+        options["connect_args"] = {**options.get("connect_args", {}), "prepare_threshold": None}
     options.update(
         pool_pre_ping=False,  # a dead connection fails its read, which retry_disconnect repeats
         isolation_level="AUTOCOMMIT",

@@ -140,3 +140,23 @@ def test_a_connection_killed_between_ticks_is_replaced_and_the_next_tick_deliver
     assert result.stop_reason == "caught_up" and result.rows == 1
     assert tick.delivered() == [1, 2]
     assert checked_out and not killed & set(checked_out[1:]), (killed, checked_out)
+
+
+@pytest.mark.parametrize("table_url", ["pg_url", "mysql_url"], indirect=True)
+def test_a_migration_after_many_idle_ticks_shows_in_the_next_tick(table_url: tuple[SourceTable, str]) -> None:
+    # Given a poller that ran the same idle read many times on its connection (no transaction ends
+    # between them in autocommit: a driver may have prepared the statement on the server)
+    table, url = table_url
+    tick = Ticker(table, url)
+    table.upsert([1])
+    assert tick().rows == 1
+    assert [tick().stop_reason for _ in range(8)] == ["caught_up"] * 8
+    # When a migration adds a column and a row is written
+    with table.engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER TABLE {table.table} ADD COLUMN extra VARCHAR(20)"))
+    table.upsert([2])
+    # Then the next tick delivers it, with the new column
+    result = tick()
+    assert result.stop_reason == "caught_up" and result.rows == 1
+    after = tick.sink.accepted[-1].events[0].after
+    assert after is not None and "extra" in after
