@@ -21,14 +21,12 @@ import itertools
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from dbfanout.host.app_loader import FunctionSpec
 from shared.logs import get_logger, ids
 
-if TYPE_CHECKING:
-    from dbfanout.host.timers import TimerRunner
-
-__all__ = ["GRACE_SECONDS", "TimerPool"]
+__all__ = ["GRACE_SECONDS", "PooledTimer", "TimerPool"]
 
 log = get_logger("host.timer")
 
@@ -36,17 +34,34 @@ log = get_logger("host.timer")
 GRACE_SECONDS = 0.02
 
 
+class PooledTimer(Protocol):
+    """What the pool asks of a timer (:class:`~dbfanout.host.timers.TimerRunner`)."""
+
+    spec: FunctionSpec
+
+    @property
+    def stopped(self) -> bool: ...
+
+    def now(self) -> dt.datetime: ...
+
+    def fire_due(self, due: dt.datetime) -> None:
+        """Call the function for occurrence ``due`` (its errors logged, not raised)."""
+
+    def due_after_call(self) -> dt.datetime:
+        """The next occurrence to fire, after a call returned."""
+
+
 class TimerPool:
-    """Fires registered :class:`~dbfanout.host.timers.TimerRunner` s on shared threads."""
+    """Fires registered timers on shared threads."""
 
     def __init__(self, grace_seconds: float = GRACE_SECONDS) -> None:
         self._grace = grace_seconds
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # workers wait here for firings
         self._tick = threading.Condition(self._lock)  # the scheduler waits here
-        self._heap: list[tuple[dt.datetime, int, TimerRunner]] = []  # (due, order, timer)
+        self._heap: list[tuple[dt.datetime, int, PooledTimer]] = []  # (due, order, timer)
         self._order = itertools.count()
-        self._ready: deque[tuple[float, dt.datetime, TimerRunner]] = deque()  # (queued at, due, timer)
+        self._ready: deque[tuple[float, dt.datetime, PooledTimer]] = deque()  # (queued at, due, timer)
         self._workers = 0
         self._idle = 0
         self._grown_at = 0.0  # when workers were last added for waiting firings
@@ -57,7 +72,7 @@ class TimerPool:
 
     # -- the timers' side -------------------------------------------------------------------
 
-    def add(self, timer: TimerRunner, due: dt.datetime | None) -> None:
+    def add(self, timer: PooledTimer, due: dt.datetime | None) -> None:
         """Schedule ``timer`` at ``due`` (None: now, ``runOnStartup``); start the scheduler once."""
         with self._lock:
             self._timers += 1
@@ -97,7 +112,7 @@ class TimerPool:
             if not timer.stopped:
                 self._queue(timer, due)
 
-    def _queue(self, timer: TimerRunner, due: dt.datetime) -> None:
+    def _queue(self, timer: PooledTimer, due: dt.datetime) -> None:
         self._ready.append((time.monotonic(), due, timer))
 
     def _staff(self) -> None:
@@ -161,7 +176,7 @@ class TimerPool:
                     self._idle -= 1
 
     @staticmethod
-    def _fire(timer: TimerRunner, due: dt.datetime) -> dt.datetime | None:
+    def _fire(timer: PooledTimer, due: dt.datetime) -> dt.datetime | None:
         """One call (errors are the timer's to log); the timer's next due, None once it stopped."""
         try:
             timer.fire_due(due)
