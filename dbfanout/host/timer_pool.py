@@ -8,6 +8,7 @@ take them in order. Only one worker is woken for a batch of firings; when no wor
 queued firing for :data:`GRACE_SECONDS` (the awake ones are in long calls: lingering or
 catching-up ticks), the awake workers are doubled (idle ones woken first, new ones started), so
 slow calls delay the others by a few graces (log2 of their number), never by their own length.
+A worker idle for :data:`IDLE_SECONDS` ends, down to one.
 
 A timer is queued again only after its call returned (it never overlaps itself); occurrences
 missed meanwhile are skipped, as :class:`~dbfanout.host.timers.TimerRunner` does on its own thread.
@@ -26,12 +27,14 @@ from typing import Protocol
 from dbfanout.host.app_loader import FunctionSpec
 from shared.logs import get_logger, ids
 
-__all__ = ["GRACE_SECONDS", "PooledTimer", "TimerPool"]
+__all__ = ["GRACE_SECONDS", "IDLE_SECONDS", "PooledTimer", "TimerPool"]
 
 log = get_logger("host.timer")
 
 #: How long queued firings may wait with no worker taking one before more workers are woken or started.
 GRACE_SECONDS = 0.02
+#: A worker idle this long ends (one stays): the workers started for slow first ticks do not stay.
+IDLE_SECONDS = 10.0
 
 
 class PooledTimer(Protocol):
@@ -54,8 +57,9 @@ class PooledTimer(Protocol):
 class TimerPool:
     """Fires registered timers on shared threads."""
 
-    def __init__(self, grace_seconds: float = GRACE_SECONDS) -> None:
+    def __init__(self, grace_seconds: float = GRACE_SECONDS, idle_seconds: float = IDLE_SECONDS) -> None:
         self._grace = grace_seconds
+        self._idle_seconds = idle_seconds
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # workers wait here for firings
         self._tick = threading.Condition(self._lock)  # the scheduler waits here
@@ -69,6 +73,12 @@ class TimerPool:
         self._timers = 0  # registered and not stopped
         self._scheduler: threading.Thread | None = None
         self.threads_started = 0  # workers ever started
+
+    @property
+    def workers(self) -> int:
+        """Worker threads alive now."""
+        with self._lock:
+            return self._workers
 
     # -- the timers' side -------------------------------------------------------------------
 
@@ -172,8 +182,11 @@ class TimerPool:
                     return
                 else:
                     self._idle += 1
-                    self._work.wait()
+                    notified = self._work.wait(self._idle_seconds)
                     self._idle -= 1
+                    if not notified and not self._ready and self._workers > 1:
+                        self._workers -= 1  # a wake-up meant for it finds another (or the next look)
+                        return
 
     @staticmethod
     def _fire(timer: PooledTimer, due: dt.datetime) -> dt.datetime | None:

@@ -36,9 +36,14 @@ def _scheduled(timer: TimerRequest) -> dt.datetime:
 
 
 @pytest.fixture
-def timers() -> Iterator[Callable[[Calls], TimerRunner]]:
+def pool() -> TimerPool:
+    return TimerPool(idle_seconds=0.5)
+
+
+@pytest.fixture
+def timers(pool: TimerPool) -> Iterator[Callable[[Calls], TimerRunner]]:
     """Start timers (every second) on one pool; stop and join them all at the end."""
-    pool, started = TimerPool(), list[TimerRunner]()
+    started = list[TimerRunner]()
 
     def start(fn: Calls) -> TimerRunner:
         spec = FunctionSpec(
@@ -98,3 +103,35 @@ def test_stop_lets_the_running_call_finish_and_fires_no_more(timers: Callable[[C
     release.set()
     assert runner.join(10)
     assert len(calls.threads) == 1
+
+
+class FirstCallBlocks(Calls):
+    """A timer whose first call waits for ``release`` (a first tick that reflects and acquires)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def __call__(self, timer: TimerRequest) -> None:
+        super().__call__(timer)
+        if len(self.threads) == 1:
+            self.release.wait(30)
+
+
+def test_workers_started_for_slow_calls_end_once_idle(pool: TimerPool, timers: Callable[[Calls], TimerRunner]) -> None:
+    # Given five timers whose first calls block together: the pool starts a worker for each
+    release = threading.Event()
+    calls = [FirstCallBlocks(release) for _ in range(5)]
+    for fn in calls:
+        timers(fn)
+    try:
+        wait_until(lambda: all(c.threads for c in calls), 10, "the five first calls")
+        assert pool.workers >= 5
+    finally:
+        release.set()
+    # When the later calls return at once
+    wait_until(lambda: all(len(c.threads) >= 3 for c in calls), 10, "two more firings of each")
+    # Then the idle workers end, down to the one that keeps up (the timers still fire)
+    wait_until(lambda: pool.workers == 1, 10, "the idle workers to end")
+    counts = [len(c.threads) for c in calls]
+    wait_until(lambda: all(len(c.threads) > n for c, n in zip(calls, counts, strict=True)), 10, "a firing each")
