@@ -132,12 +132,12 @@ class TimerPool:
         if not self._ready:
             return
         awake = self._workers - self._idle
-        now = time.monotonic()
-        waiting_since = max(self._started_at, self._ready[0][0])
         if awake == 0:
             self._more(1)
-        elif now - waiting_since >= self._grace and now - self._grown_at >= self._grace:
-            self._more(awake)
+        elif time.monotonic() >= self._next_look():
+            # Never more new workers than firings waiting: started ones that have not taken a
+            # firing yet count as awake (a pool that doubled on those ran away to 20,000 threads).
+            self._more(min(awake, len(self._ready)))
 
     def _more(self, n: int) -> None:
         self._grown_at = time.monotonic()
@@ -156,8 +156,13 @@ class TimerPool:
             due, _, timer = self._heap[0]
             waits.append((due - timer.now()).total_seconds())
         if self._ready:
-            waits.append(max(self._started_at, self._ready[0][0]) + self._grace - time.monotonic())
+            waits.append(self._next_look() - time.monotonic())
         return max(0.0, min(waits)) if waits else None
+
+    def _next_look(self) -> float:
+        """When waiting firings next justify more workers: a grace after the last firing taken,
+        the oldest queued and the last growth (the scheduler sleeps until then, never spins)."""
+        return max(self._started_at, self._ready[0][0], self._grown_at) + self._grace
 
     # -- the workers ------------------------------------------------------------------------
 

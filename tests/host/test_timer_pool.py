@@ -135,3 +135,19 @@ def test_workers_started_for_slow_calls_end_once_idle(pool: TimerPool, timers: C
     wait_until(lambda: pool.workers == 1, 10, "the idle workers to end")
     counts = [len(c.threads) for c in calls]
     wait_until(lambda: all(len(c.threads) > n for c, n in zip(calls, counts, strict=True)), 10, "a firing each")
+
+
+def test_the_pool_starts_no_more_workers_than_firings_wait(
+    pool: TimerPool, timers: Callable[[Calls], TimerRunner]
+) -> None:
+    # Given twenty timers whose first calls all block (the pool grows while none returns)
+    release = threading.Event()
+    calls = [FirstCallBlocks(release) for _ in range(20)]
+    for fn in calls:
+        timers(fn)
+    try:
+        wait_until(lambda: all(c.threads for c in calls), 10, "the twenty first calls")
+        # Then it started a worker per blocked call at most, not a doubling past them
+        assert pool.threads_started <= 20
+    finally:
+        release.set()
