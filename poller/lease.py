@@ -21,6 +21,7 @@ with it. Take, keep, renew, release and take-over are decided here and nowhere e
 from __future__ import annotations
 
 import datetime as dt
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -596,6 +597,12 @@ class _Renewals:
     the thread calls :meth:`LeaseKeeper.renew_once` on each keeper every ``interval``. A keeper
     whose commit is in flight is skipped for that round (the commit extends the lease). A thread
     started and joined per tick cost about a fifth of an idle tick's CPU (BENCHMARKS.md, issue 23).
+
+    A keeper added is only worth waking the thread for when it is due before the thread's own
+    wake-up: an idle tick ends long before its first renewal, and waking the thread at each of
+    100 ticks a second cost a thread switch each (BENCHMARKS.md, issue 31). With no keeper the
+    thread looks again after the last keeper's interval, so the next tick's keeper (due one
+    interval after it starts) is never earlier than that.
     """
 
     def __init__(self) -> None:
@@ -603,14 +610,20 @@ class _Renewals:
         self._due: dict[LeaseKeeper, tuple[float, float]] = {}  # keeper -> (interval, next renewal)
         self._running: LeaseKeeper | None = None
         self._thread: threading.Thread | None = None
+        self._wakes_at = -math.inf  # when the waiting thread wakes by itself
+        self._idle_wait = 1.0  # how long it waits with no keeper: the last keeper's interval
+        self.wakes = 0  # times the thread woke to look at the keepers (tests)
 
     def add(self, keeper: LeaseKeeper, interval: float) -> None:
         with self._cond:
-            self._due[keeper] = (interval, time.monotonic() + interval)
+            due = time.monotonic() + interval
+            self._due[keeper] = (interval, due)
+            self._idle_wait = interval
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            if due < self._wakes_at:
+                self._cond.notify_all()
 
     def remove(self, keeper: LeaseKeeper) -> None:
         with self._cond:
@@ -635,15 +648,19 @@ class _Renewals:
     def _next_due(self) -> LeaseKeeper:
         """Under the condition: wait for the keeper due first, and schedule its next renewal."""
         while True:
-            if not self._due:
-                self._cond.wait()
-                continue
-            keeper, (interval, due) = min(self._due.items(), key=lambda item: item[1][1])
-            wait = due - time.monotonic()
-            if wait <= 0:
-                self._due[keeper] = (interval, time.monotonic() + interval)
-                return keeper
-            self._cond.wait(wait)
+            if not self._due:  # look again after the last interval: a tick added by then needs no notify
+                self._wakes_at = time.monotonic() + self._idle_wait
+                self._cond.wait(self._idle_wait)
+            else:
+                keeper, (interval, due) = min(self._due.items(), key=lambda item: item[1][1])
+                wait = due - time.monotonic()
+                if wait <= 0:
+                    self._wakes_at = -math.inf  # renewing, not waiting: add() need not notify
+                    self._due[keeper] = (interval, time.monotonic() + interval)
+                    return keeper
+                self._wakes_at = due
+                self._cond.wait(wait)
+            self.wakes += 1
 
 
 _RENEWALS = _Renewals()

@@ -39,12 +39,12 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlalchemy as sa
 
-from poller.engines import db_errors, driver_message, is_transient, source_engine
+from poller.engines import db_errors, driver_message, is_transient, retry_disconnect, source_engine
 from poller.keyset import (
     CursorKind,
     after_predicate,
@@ -74,6 +74,7 @@ from shared.settings import fingerprint_url, redact_url
 __all__ = ["SqlSource"]
 
 log = get_logger("poller.source")
+T = TypeVar("T")
 
 _RAW_CURSOR = "__dbfanout_cursor"
 _SUBQUERY = "dbfanout_src"
@@ -122,7 +123,7 @@ class SqlSource:
 
     def __init__(self, config: PollerConfig, engine: sa.Engine | None = None) -> None:
         self._config = config
-        self._engine = source_engine(config, engine)
+        self._engine = source_engine(config, engine, reads=True)
         self._dialect = self._engine.dialect.name
         self._url = redact_url(config.source_url)
         self._key = f"pollers.{config.name}"
@@ -143,6 +144,7 @@ class SqlSource:
         )
         self._resolved: _Resolved | None = None
         self._plan: _Plan | None = None
+        self._probe: tuple[_Resolved, sa.Select[Any]] | None = None  # see _probe_of
         self._kind: CursorKind | None = None  # the cursor's kind since the first plan (a change is an error)
         self._index_warning: str | None = None
         self._null_count = 0
@@ -168,29 +170,50 @@ class SqlSource:
 
     def fetch(self, after: Position | None, limit: int) -> Page:
         if not getattr(self._local, "pinning", False):
-            with self._db_errors("fetch"), self._engine.connect() as conn:
-                return self._fetch(conn, after, limit)
+            with self._db_errors("fetch"):
+                return self._read(lambda conn: self._fetch(conn, after, limit))
         with self._db_errors("fetch"):
-            pinned: sa.Connection | None = self._local.conn
-            if pinned is None:
-                pinned = self._local.conn = self._engine.connect()
-            try:
-                page = self._fetch(pinned, after, limit)
-            except BaseException:
-                with suppress(sa.exc.SQLAlchemyError):  # the fetch's own error is the one to report
-                    pinned.rollback()
-                raise
-            pinned.rollback()  # each page its own transaction: a fresh snapshot, no held xmin
+            return retry_disconnect(lambda: self._fetch_pinned(after, limit), self._drop_pinned)
+
+    def _fetch_pinned(self, after: Position | None, limit: int) -> Page:
+        pinned: sa.Connection | None = self._local.conn
+        if pinned is None:
+            pinned = self._local.conn = self._engine.connect()
+        try:
+            page = self._fetch(pinned, after, limit)
+        except BaseException:
+            with suppress(sa.exc.SQLAlchemyError):  # the fetch's own error is the one to report
+                pinned.rollback()
+            raise
+        # Each page its own transaction: a fresh snapshot, no held xmin (a no-op in autocommit;
+        # an engine a test passes may run transactions).
+        pinned.rollback()
         return page
+
+    def _drop_pinned(self) -> None:
+        """Forget this thread's pinned connection (it was dead): the next fetch checks out another."""
+        conn, self._local.conn = self._local.conn, None
+        if conn is not None:
+            with suppress(sa.exc.SQLAlchemyError):
+                conn.close()
+
+    def _read(self, read: Callable[[sa.Connection], T]) -> T:
+        """``read`` on a connection checked out for it, again on a new one if that one was dead."""
+
+        def once() -> T:
+            with self._engine.connect() as conn:
+                return read(conn)
+
+        return retry_disconnect(once)
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
         """Fetches inside (in this thread) reuse one pooled connection instead of a checkout each.
 
-        A checkout pings the server (``pool_pre_ping``) and a check-in rolls back: two round
-        trips a page. Pinned, a page costs its query and one rollback (each page still reads
-        its own snapshot). The connection is checked out by the first fetch (whose errors stay
-        fetch errors) and returned at the end; a broken one is discarded by the pool.
+        A checkout and a check-in cost nothing on the server with the read engine (no pre-ping,
+        autocommit: :mod:`poller.engines`), but a page would still pay the pool's bookkeeping.
+        The connection is checked out by the first fetch (whose errors stay fetch errors) and
+        returned at the end; a dead one is replaced once (:func:`~poller.engines.retry_disconnect`).
         """
         self._local.pinning, self._local.conn = True, None
         try:
@@ -294,18 +317,22 @@ class SqlSource:
 
     def keyset_query(self, after: Position | None, limit: int) -> tuple[sa.Select[Any], dict[str, Any]] | None:
         """The SELECT and parameters ``fetch`` runs (EXPLAIN tests, raw-scan benchmarks); None if empty."""
-        with self._db_errors("plan"), self._engine.connect() as conn:
-            return self._planned(conn, after, limit)
+        with self._db_errors("plan"):
+            return self._read(lambda conn: self._planned(conn, after, limit))
 
     def pending_rows(self, after: Position | None, limit: int) -> int:
         """Rows a fetch after ``after`` would return (settle window and filter included), counted up
         to ``limit``: one ``count(*)`` over the same keyset read, bounded so a deep backlog stays cheap."""
-        with self._db_errors("fetch"), self._engine.connect() as conn:
+
+        def count(conn: sa.Connection) -> int:
             planned = self._planned(conn, after, limit)
             if planned is None:
                 return 0
             select, params = planned
             return int(conn.execute(sa.select(sa.func.count()).select_from(select.subquery()), params).scalar_one())
+
+        with self._db_errors("fetch"):
+            return self._read(count)
 
     def _planned(
         self, conn: sa.Connection, after: Position | None, limit: int
@@ -319,9 +346,12 @@ class SqlSource:
 
     def describe(self) -> dict[str, Any]:
         """What the source resolved to, for ``dbfanout validate`` (connects on first use)."""
-        with self._db_errors("describe"), self._engine.connect() as conn:
-            resolved = self._resolve(conn)
-            plan = self._plan or self._make_plan(conn, resolved)
+
+        def plan_of(conn: sa.Connection) -> _Plan | None:
+            return self._plan or self._make_plan(conn, self._resolve(conn))
+
+        with self._db_errors("describe"):
+            plan = self._read(plan_of)
         cfg = self._config
         return {
             "poller": cfg.name,
@@ -426,8 +456,7 @@ class SqlSource:
     # ------------------------------------------------------------------------------ planning
 
     def _make_plan(self, conn: sa.Connection, r: _Resolved) -> _Plan | None:
-        probe = sa.select(r.cursor).select_from(r.from_).where(r.cursor.is_not(None)).order_by(r.cursor).limit(1)
-        sample = conn.execute(probe).scalar()
+        sample = conn.execute(self._probe_of(r)).scalar()
         if sample is None:
             return None  # no cursor values yet: nothing to order
         kind = classify(sample, self._config.cursor, sqlite_declared=r.sqlite_declared, tz=self._tz)
@@ -464,6 +493,14 @@ class SqlSource:
             unprocessed=unprocessed,
         )
         return self._plan
+
+    def _probe_of(self, r: _Resolved) -> sa.Select[Any]:
+        """The first cursor value's SELECT, built once per resolved shape: a table with no cursor
+        values yet runs it at every tick, and building it cost more than running it."""
+        if self._probe is None or self._probe[0] is not r:
+            select = sa.select(r.cursor).select_from(r.from_).where(r.cursor.is_not(None))
+            self._probe = (r, select.order_by(r.cursor).limit(1))
+        return self._probe[1]
 
     def _check_server_timezone(self, conn: sa.Connection, kind: CursorKind) -> None:
         probe = mysql_timezone_probe(kind) if self._dialect in ("mysql", "mariadb") else None

@@ -25,6 +25,7 @@ from dbfanout.host.hostjson import HostJson, load_host_json
 from dbfanout.host.servicebus import QueueRunner
 from dbfanout.host.sessions import SessionQueueRunner
 from dbfanout.host.storagequeue import StorageQueueRunner
+from dbfanout.host.timer_pool import TimerPool
 from dbfanout.host.timers import TimerRunner
 from shared.logs import JsonFormatter, TextFormatter, get_logger, ids, use_console_format
 
@@ -58,6 +59,7 @@ class LocalHost:
         self.host_json: HostJson = HostJson()
         self.functions: list[FunctionSpec] = []
         self.timers: list[TimerRunner] = []
+        self._timer_pool = TimerPool()  # the timers share its threads
         self.queues: list[_QueueTrigger] = []
         self.app: Any = None
         self._stopped = False
@@ -71,7 +73,7 @@ class LocalHost:
         self.functions = discover(self.app)
         for spec in self.functions:
             if spec.trigger_type == "timerTrigger":
-                self.timers.append(TimerRunner(spec, settings))
+                self.timers.append(TimerRunner(spec, settings, pool=self._timer_pool))
             elif spec.trigger_type == "serviceBusTrigger" and spec.trigger.get("isSessionsEnabled"):
                 self.queues.append(SessionQueueRunner(spec, settings, self.host_json.service_bus))
             elif spec.trigger_type == "serviceBusTrigger":
