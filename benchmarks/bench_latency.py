@@ -249,13 +249,11 @@ def _pg_logical_source(
         create_notify_triggers(config)
 
     def cleanup() -> None:
+        _drop_slot(engine, table)
         if url:  # the database of its own goes, with its slot
-            with engine.begin() as conn:
-                conn.exec_driver_sql(f"SELECT pg_drop_replication_slot('{table}')")
             engine.dispose()
             return
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"SELECT pg_drop_replication_slot('{table}')")
             conn.exec_driver_sql(f"DROP PUBLICATION IF EXISTS {table}")
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
             if snap:
@@ -871,3 +869,31 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _drop_slot(engine: sa.Engine, slot: str, timeout: float = 30.0) -> None:
+    """Drop a replication slot, ending the session that still holds it (a host's last peek may
+    outlive the host's stop by a moment: "replication slot ... is active for PID")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                    " WHERE slot_name = :s AND active_pid IS NOT NULL"
+                ),
+                {"s": slot},
+            )
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = :s"
+                    ),
+                    {"s": slot},
+                )
+            return
+        except sa.exc.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)  # the terminated session is still ending
