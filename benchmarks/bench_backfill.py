@@ -38,9 +38,9 @@ if "--code" in sys.argv:
 
 import sqlalchemy as sa  # noqa: E402
 
-from poller.pg_logical import PgLogicalSource  # noqa: E402
-from poller.state_memory import MemoryStateStore  # noqa: E402
-from poller.tick import run_tick  # noqa: E402
+from poller.sources.pg_logical.source import PgLogicalSource  # noqa: E402
+from poller.state.memory import MemoryStateStore  # noqa: E402
+from poller.tick.lifecycle import run_tick  # noqa: E402
 from shared.models import Batch  # noqa: E402
 from tests.poller.pg_logical_support import LogicalTable, logical_reason  # noqa: E402
 from tests.support.databases import PG_URL, unreachable_reason  # noqa: E402

@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from azure.servicebus import ServiceBusClient  # noqa: E402
 
-from poller.sink_servicebus import ServiceBusSink  # noqa: E402
-from poller.source import SqlSource  # noqa: E402
-from poller.state_blob import open_state_store  # noqa: E402
-from poller.tick import run_tick  # noqa: E402
+from poller.sinks.servicebus import ServiceBusSink  # noqa: E402
+from poller.sources.keyset.source import SqlSource  # noqa: E402
+from poller.state.blob import open_state_store  # noqa: E402
+from poller.tick.lifecycle import run_tick  # noqa: E402
 from shared.config import AppConfig, Config  # noqa: E402
 from shared.models import Batch, HandlerContext, RowChange  # noqa: E402
 from shared.servicebus import QueueSender  # noqa: E402

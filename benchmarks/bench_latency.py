@@ -212,7 +212,7 @@ def _pg_logical_source(
     cleanup, the snapshot table). With ``snapshot_rows``, a second table of that many rows, written
     before the slot exists (rows only a snapshot delivers), is among the poller's tables, and the
     poller has a signal table of its own."""
-    from poller.pg_logical import setup_sql
+    from poller.sources.pg_logical.source import setup_sql
     from shared.config import parse_config
     from tests.support.databases import PG_URL, unique_name
 

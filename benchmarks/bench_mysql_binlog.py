@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import sqlalchemy as sa  # noqa: E402
 
-from poller.state_memory import MemoryStateStore  # noqa: E402
-from poller.tick import run_tick  # noqa: E402
+from poller.state.memory import MemoryStateStore  # noqa: E402
+from poller.tick.lifecycle import run_tick  # noqa: E402
 from shared.config import PollerConfig, parse_config  # noqa: E402
 from shared.models import Batch, Checkpoint  # noqa: E402
 
@@ -129,12 +129,12 @@ def child(kind: str, url: str, table: str, batch: int, start: str | None) -> Non
     from shared.codec import decode_position
 
     if kind == "binlog":
-        from poller.mysql_binlog import MysqlBinlogSource
+        from poller.sources.mysql_binlog.source import MysqlBinlogSource
 
         cfg = _binlog_config(url, table, batch)
         source: Any = MysqlBinlogSource(cfg)
     else:
-        from poller.source import SqlSource
+        from poller.sources.keyset.source import SqlSource
 
         cfg = _keyset_config(url, table, batch)
         source = SqlSource(cfg)
@@ -177,7 +177,7 @@ def _run_child(kind: str, url: str, table: str, batch: int, start: str | None, s
 
 
 def catchup(args: argparse.Namespace) -> None:
-    from poller.mysql_binlog import MysqlBinlogSource
+    from poller.sources.mysql_binlog.source import MysqlBinlogSource
     from shared.codec import encode_position
     from tests.support.databases import unique_name
 
@@ -228,7 +228,7 @@ def catchup(args: argparse.Namespace) -> None:
 def latency(args: argparse.Namespace, tmp: Path) -> None:
     from bench_latency import HANDLER, _figures, _lines
 
-    from poller.state_blob import open_state_store
+    from poller.state.blob import open_state_store
     from sbemulator.testing import running_emulator, unique_queue
     from shared.settings import StorageConnection
     from tests.host.app_support import AppDir, HostProcess, wait_for

@@ -27,9 +27,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from poller.outbox import OutboxSource
-from poller.state_memory import MemoryStateStore
-from poller.tick import run_tick
+from poller.sources.outbox import OutboxSource
+from poller.state.memory import MemoryStateStore
+from poller.tick.lifecycle import run_tick
 from shared.config import PollerConfig
 from shared.models import Batch
 from shared.outbox import create_outbox, write_change

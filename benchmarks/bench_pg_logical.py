@@ -28,9 +28,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from poller.pg_logical import PgLogicalSource
-from poller.state_memory import MemoryStateStore
-from poller.tick import run_tick
+from poller.sources.pg_logical.source import PgLogicalSource
+from poller.state.memory import MemoryStateStore
+from poller.tick.lifecycle import run_tick
 from shared.models import Batch
 from tests.poller.pg_logical_support import LogicalTable, logical_reason
 from tests.support.databases import PG_URL, unreachable_reason

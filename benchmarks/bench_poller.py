@@ -46,14 +46,14 @@ import sqlalchemy as sa
 # DBFANOUT_BENCH_CODE: measure another checkout's code with this harness (see --baseline).
 sys.path.insert(0, os.environ.get("DBFANOUT_BENCH_CODE") or str(Path(__file__).resolve().parents[1]))
 
-from poller.sink_queue import QueueSink
-from poller.source import (
+from poller.sinks.queue import QueueSink
+from poller.sources.keyset.source import (
     _RAW_CURSOR,
     SqlSource,
 )
-from poller.state_blob import open_state_store
-from poller.state_memory import MemoryStateStore
-from poller.tick import run_tick
+from poller.state.blob import open_state_store
+from poller.state.memory import MemoryStateStore
+from poller.tick.lifecycle import run_tick
 from shared.config import PollerConfig
 from shared.models import Batch, Position
 from shared.settings import StorageConnection

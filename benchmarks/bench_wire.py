@@ -58,9 +58,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 import sqlalchemy as sa
 from bench_poller import DEPTH, build_table, drop_table, poller_config
 
-from poller.source import _RAW_CURSOR, SqlSource
-from poller.state_blob import open_state_store
-from poller.tick import run_tick
+from poller.sources.keyset.source import _RAW_CURSOR, SqlSource
+from poller.state.blob import open_state_store
+from poller.tick.lifecycle import run_tick
 from shared.config import PollerConfig
 from shared.messages import OutgoingMessage
 from shared.models import Position
@@ -263,8 +263,8 @@ def wire_child(spec: str) -> None:
     """One catch-up of ``spec``'s table (this process's code); prints rows, seconds, messages."""
     from azure.servicebus import ServiceBusClient
 
-    from poller.sink_queue import QueueSink
-    from poller.sink_servicebus import ServiceBusSink
+    from poller.sinks.queue import QueueSink
+    from poller.sinks.servicebus import ServiceBusSink
     from shared.servicebus import QueueSender
 
     s = json.loads(spec)

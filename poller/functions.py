@@ -10,7 +10,7 @@ from collections.abc import Callable
 import azure.functions as func
 
 from poller.runtime import Runtimes
-from poller.tick_summary import TickSummary
+from poller.tick.summary import TickSummary
 from shared.config import Config
 from shared.errors import PositionLostError, SchemaChangeError
 from shared.logs import get_logger, ids

@@ -2,7 +2,7 @@
 
 Built lazily on the first tick (``function_app.py`` indexing must open no connections) and
 reused afterwards: opening a Service Bus sender costs about a second. The poller's lease is kept
-between ticks too (:class:`~poller.lease.StickyLease`) and released by :meth:`PollerRuntime.close`.
+between ticks too (:class:`~poller.lease.keeper.StickyLease`) and released by :meth:`PollerRuntime.close`.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from collections.abc import Callable
 
 from azure.servicebus import ServiceBusClient
 
-from poller.backoff import SinkRefusals
-from poller.lease import StickyLease
+from poller.lease.keeper import StickyLease
 from poller.ports import Sink, Source, StateStore
-from poller.sink_queue import ClaimCheckHook
-from poller.sink_servicebus import ServiceBusSink
-from poller.sink_storagequeue import StorageQueueSink
-from poller.state_blob import open_state_store
-from poller.tick import TickResult, default_owner_id, run_tick
-from poller.wake import Waker, open_waker
+from poller.sinks.queue import ClaimCheckHook
+from poller.sinks.servicebus import ServiceBusSink
+from poller.sinks.storagequeue import StorageQueueSink
+from poller.state.blob import open_state_store
+from poller.tick.backoff import SinkRefusals
+from poller.tick.lifecycle import TickResult, default_owner_id, run_tick
+from poller.tick.wake import Waker, open_waker
 from shared.claimcheck import open_claim_check
 from shared.closing import close_and_clear
 from shared.config import Config
@@ -68,7 +68,7 @@ class PollerRuntime:
     @property
     def source(self) -> Source:
         if self._source is None:
-            from poller.sources import open_source  # SQLAlchemy reflection happens here, not at import
+            from poller.sources.factory import open_source  # SQLAlchemy reflection happens here, not at import
 
             self._source = open_source(self.poller)
         return self._source
@@ -111,7 +111,7 @@ class PollerRuntime:
 
     @property
     def lease(self) -> StickyLease:
-        """The lease this process keeps between ticks (:class:`~poller.lease.StickyLease`)."""
+        """The lease this process keeps between ticks (:class:`~poller.lease.keeper.StickyLease`)."""
         if self._lease is None:
             ttl = dt.timedelta(seconds=self.poller.lease_ttl_seconds)
             self._lease = StickyLease(

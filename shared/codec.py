@@ -151,7 +151,7 @@ def encode_column(values: Sequence[Any]) -> tuple[Sequence[Any], ColumnTags]:
     return [value for value, _ in pairs], tags[0] if tags.count(tags[0]) == len(tags) else tags
 
 
-# A column's values as JSON pieces, for pages encoded by bytes %-templates (poller.events).
+# A column's values as JSON pieces, for pages encoded by bytes %-templates (poller.tick.events).
 ColumnJson = tuple[Sequence[Any], bytes, str | None]
 _JSON_OPTION = orjson.OPT_NON_STR_KEYS
 

@@ -32,7 +32,7 @@ __all__ = [
 
 CONFIG_SETTING = "DBFANOUT_CONFIG"
 DEFAULT_CONFIG_NAME = "dbfanout.toml"
-#: A process keeps its poller's lease between ticks (poller/lease.py) and renews it when half is
+#: A process keeps its poller's lease between ticks (poller/lease/keeper.py) and renews it when half is
 #: left: one write per 15 s at 30 s, and a crashed owner's poller resumes within ~35 s.
 DEFAULT_LEASE_TTL_SECONDS = 30
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
@@ -144,11 +144,11 @@ class PollerConfig:
     tables: tuple[str, ...] = ()
     slot: str | None = None
     publication: str | None = None
-    # pg_logical and mysql_binlog snapshots (poller.snapshot): "initial" delivers every existing row once
+    # pg_logical and mysql_binlog snapshots (poller.snapshot.chunks): "initial" delivers every existing row once
     # on the first start (no checkpoint yet) while changes keep flowing; "never" (the default) streams
     # changes only.
     snapshot: Literal["never", "initial"] = "never"
-    # Rows a snapshot chunk reads (0: four pages, at most 20,000 rows; see poller.snapshot), and the
+    # Rows a snapshot chunk reads (0: four pages, at most 20,000 rows; see poller.snapshot.chunks), and the
     # table its watermarks and requests are written to (pg_logical: it must be in the publication,
     # `dbfanout validate --fix` adds it; mysql_binlog: in the source database, "public." meaning the
     # source URL's database).
@@ -156,7 +156,7 @@ class PollerConfig:
     signal_table: str = "public.dbfanout_signal"
     # When the log no longer holds the changes after the checkpoint (a replication slot PostgreSQL
     # invalidated or dropped): "fail" (the default) stops with an error naming the fix; "resnapshot"
-    # replaces the slot and snapshots every table, unattended (see poller.pg_slot).
+    # replaces the slot and snapshots every table, unattended (see poller.sources.pg_logical.slot).
     on_lost_position: OnLostPosition = "fail"
     # mysql_binlog: the server id the poller's replica connection announces (unique among the
     # server's replicas: a second connection with the same id makes the server drop the first).

@@ -218,7 +218,7 @@ _REFUSAL_HINTS: dict[str, str] = {
 class BrokerRefusingError(EnqueueError):
     """Raised when the broker refuses sends for a while (queue full, throttled, unreachable).
 
-    A state rather than a failure: the poller backs off (:mod:`poller.backoff`), keeps its
+    A state rather than a failure: the poller backs off (:mod:`poller.tick.backoff`), keeps its
     checkpoint and resumes by itself; ``reason`` says which condition it is.
     """
 

@@ -64,7 +64,7 @@ CursorValue = CursorScalar | tuple[CursorScalar, ...]
 
 @dataclass(frozen=True, slots=True)
 class SnapshotState:
-    """Where a snapshot of a ``pg_logical`` poller's tables stands (see poller.snapshot).
+    """Where a snapshot of a ``pg_logical`` poller's tables stands (see poller.snapshot.chunks).
 
     It travels with the log position it is valid at (:attr:`Position.snapshot`), so it is written
     with the checkpoint, by the same CAS: a crash or a lease handover resumes after the last
@@ -85,7 +85,7 @@ class SnapshotState:
     finished_at: dt.datetime | None = None
     cancelled: bool = False  # finished by `dbfanout snapshot --cancel`, not by reading every row
     error: str | None = None  # why it stopped early (its chunk select failed: a bad --where, a dropped table)
-    # chunk reads refused so far (a transaction committed but not yet visible: see poller.snapshot)
+    # chunk reads refused so far (a transaction committed but not yet visible: see poller.snapshot.chunks)
     refused: int = 0
     failures: int = 0  # chunk statements of the current table that failed in a row (bounded: then error)
 

@@ -13,7 +13,7 @@ from dbfanout.commands import common
 from dbfanout.ops import checkpoints as ops
 from dbfanout.ops.context import open_store, template_position
 from dbfanout.ops.literals import LiteralError, parse_position
-from poller.sources import open_source
+from poller.sources.factory import open_source
 from shared.codec import dumps, encode_position, loads
 from shared.config import Config, PollerConfig
 from shared.errors import SerializationError

@@ -12,7 +12,7 @@ import typer
 
 from dbfanout.commands import common
 from dbfanout.ops.notify import drop_notify_triggers, missing_notify_triggers
-from poller.wake import notify_tables
+from poller.tick.wake import notify_tables
 
 PollerArg = Annotated[str, typer.Argument(help="The poller (a pollers.NAME table of dbfanout.toml)")]
 

@@ -2,9 +2,9 @@
 
 Queues an incremental snapshot of a live ``kind = "pg_logical"`` poller (or cancels the running
 one) by writing a request row to the poller's signal table. The poller reads it from its slot in
-order with the changes (poller/snapshot.py), so the request never races the poller's own state
+order with the changes (poller/snapshot/chunks.py), so the request never races the poller's own state
 writes; ``dbfanout status`` shows the progress. A ``kind = "mysql_binlog"`` poller reads the same
-row from its binlog (poller/snapshot_mysql.py: MySQL's SQL, tables named ``database.table``).
+row from its binlog (poller/snapshot/mysql.py: MySQL's SQL, tables named ``database.table``).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from dbfanout.commands.common import (
     print_json,
     reporting_errors,
 )
-from poller.engines import source_engine
-from poller.snapshot import ChunkReader, qualified, request_statement
-from poller.snapshot import chunk_size as snapshot_chunk_size
-from poller.snapshot_where import WhereRefused
+from poller.snapshot.chunks import ChunkReader, qualified, request_statement
+from poller.snapshot.chunks import chunk_size as snapshot_chunk_size
+from poller.snapshot.where import WhereRefused
+from poller.sources.engines import source_engine
 from shared.config import PollerConfig
 
 if TYPE_CHECKING:
-    from poller.snapshot_mysql import MysqlChunkReader
+    from poller.snapshot.mysql import MysqlChunkReader
 
 
 def register(app: typer.Typer) -> None:
@@ -74,7 +74,7 @@ def snapshot_command(
         if where is not None and not cancel:
             _check_where(reader, tables or _known(cfg), where)
         if cfg.kind == "mysql_binlog":
-            from poller.snapshot_mysql import mysql_request_statement
+            from poller.snapshot.mysql import mysql_request_statement
 
             write = mysql_request_statement
         else:
@@ -103,7 +103,7 @@ def snapshot_command(
 
 def _reader(cfg: PollerConfig) -> ChunkReader | MysqlChunkReader:
     if cfg.kind == "mysql_binlog":
-        from poller.snapshot_mysql import MysqlChunkReader  # MySQL's SQL: imported for binlog pollers only
+        from poller.snapshot.mysql import MysqlChunkReader  # MySQL's SQL: imported for binlog pollers only
 
         return MysqlChunkReader(cfg, source_engine(cfg))
     return ChunkReader(cfg, source_engine(cfg))

@@ -14,7 +14,7 @@ import uuid
 import sqlalchemy as sa
 
 from dbfanout.demo.services import ServiceError
-from poller.pg_logical import setup_sql
+from poller.sources.pg_logical.source import setup_sql
 from shared.config import PollerConfig
 
 __all__ = ["DEFAULT_PG_URL", "PG_URL_SETTING", "PgDemoSource"]

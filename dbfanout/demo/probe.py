@@ -23,7 +23,7 @@ from azure.storage.blob import BlobServiceClient
 from dbfanout.demo.handler import AUDIT_TABLE
 from dbfanout.demo.writer import SourceWriter
 from dbfanout.ops.status import snapshot_progress
-from poller.mysql_binlog_position import BinlogPosition
+from poller.sources.mysql_binlog.position import BinlogPosition
 from sbemulator import Emulator
 from sbemulator.config import subscription_path
 from shared.codec import decode_state

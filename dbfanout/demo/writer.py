@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from dbfanout.demo.appdir import sqlite_engine
 from dbfanout.demo.handler import POISON_STATUS
-from poller.mysql_binlog_position import file_number
+from poller.sources.mysql_binlog.position import file_number
 from shared.outbox import write_change
 
 __all__ = ["SourceWriter"]

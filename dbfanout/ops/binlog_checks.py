@@ -4,7 +4,7 @@ the replica server id, the grants, the tables, and a real replication stream.
 Every failed check says what to change; nothing is changed for the user (binlog settings are
 server parameters: on Azure Database for MySQL Flexible Server they are set in the portal or with
 ``az mysql flexible-server parameter set``), except that ``--fix`` creates the snapshot signal
-table (poller/snapshot_mysql.py), as it does for pg_logical pollers.
+table (poller/snapshot/mysql.py), as it does for pg_logical pollers.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import sqlalchemy as sa
 
 from dbfanout.ops.checks import Check, Status
-from poller.engines import source_engine
-from poller.mysql_binlog import MysqlBinlogSource, qualified_tables
-from poller.snapshot_mysql import mysql_signal_sql, quote_mysql, signal_table
+from poller.snapshot.mysql import mysql_signal_sql, quote_mysql, signal_table
+from poller.sources.engines import source_engine
+from poller.sources.mysql_binlog.source import MysqlBinlogSource, qualified_tables
 from shared.config import PollerConfig
 from shared.errors import ConfigError
 
@@ -89,7 +89,7 @@ def _retention_check(p: str, values: dict[str, str]) -> Check:
 
 
 def _commit_order_check(cfg: PollerConfig, values: dict[str, str]) -> Iterator[Check]:
-    """A snapshot's barrier (poller/snapshot_mysql.py) needs InnoDB to commit in binlog order: MySQL's
+    """A snapshot's barrier (poller/snapshot/mysql.py) needs InnoDB to commit in binlog order: MySQL's
     ``binlog_order_commits`` (ON by default); MariaDB has no such setting (it always does)."""
     value = values.get("binlog_order_commits")
     if value is None:

@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from azure.core.exceptions import ResourceExistsError
 
-from poller.lease import default_skew_margin
+from poller.lease.keeper import default_skew_margin
 from poller.ports import Snapshot
-from poller.state_blob import BlobStateStore, blob_errors
+from poller.state.blob import BlobStateStore, blob_errors
 from shared.codec import decode_position, decode_snapshot, dumps, encode_state, loads
 from shared.errors import DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from poller.sources import open_source
-from poller.state_blob import BlobStateStore, open_state_store
+from poller.sources.factory import open_source
+from poller.state.blob import BlobStateStore, open_state_store
 from shared.config import Config
 from shared.errors import ConfigError
 from shared.models import Position

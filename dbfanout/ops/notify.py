@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from poller.engines import source_engine
-from poller.snapshot import quote_table
-from poller.wake import NOTIFY_FUNCTION, notify_channel, notify_tables, notify_trigger_name
+from poller.snapshot.chunks import quote_table
+from poller.sources.engines import source_engine
+from poller.tick.wake import NOTIFY_FUNCTION, notify_channel, notify_tables, notify_trigger_name
 from shared.config import PollerConfig
 
 __all__ = ["create_notify_triggers", "drop_notify_triggers", "missing_notify_triggers"]

@@ -14,10 +14,10 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from dbfanout.ops.checks import Check
-from poller.engines import source_engine
-from poller.pg_logical import PgLogicalSource, setup_sql
-from poller.pg_slot import RUNBOOK, replace_slot
-from poller.snapshot import request_statement, signal_sql
+from poller.snapshot.chunks import request_statement, signal_sql
+from poller.sources.engines import source_engine
+from poller.sources.pg_logical.slot import RUNBOOK, replace_slot
+from poller.sources.pg_logical.source import PgLogicalSource, setup_sql
 from shared.config import PollerConfig
 
 __all__ = ["DEFAULT_RETAINED_WARN_BYTES", "slot_checks"]

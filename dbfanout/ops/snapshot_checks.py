@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import sqlalchemy as sa
 
 from dbfanout.ops.checks import Check
-from poller.engines import source_engine
-from poller.snapshot import quote_table
+from poller.snapshot.chunks import quote_table
+from poller.sources.engines import source_engine
 from shared.config import PollerConfig
 from shared.models import Position
 

@@ -25,12 +25,12 @@ from dbfanout.ops.bus import (
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
 from dbfanout.ops.snapshot_checks import initial_too_late
-from poller.backoff import refusal_from_metadata
-from poller.engines import source_engine
-from poller.mysql_binlog import MysqlBinlogSource
-from poller.pg_logical import PgLogicalSource
-from poller.pg_slot import lost_error, read_slot
-from poller.sources import open_source
+from poller.sources.engines import source_engine
+from poller.sources.factory import open_source
+from poller.sources.mysql_binlog.source import MysqlBinlogSource
+from poller.sources.pg_logical.slot import lost_error, read_slot
+from poller.sources.pg_logical.source import PgLogicalSource
+from poller.tick.backoff import refusal_from_metadata
 from shared.codec import encode_position, encode_value
 from shared.config import Config, PollerConfig
 from shared.errors import DbFanoutError, PositionLostError, SourceError

@@ -33,11 +33,11 @@ from dbfanout.ops.context import open_store
 from dbfanout.ops.slot_checks import slot_checks
 from dbfanout.ops.snapshot_checks import initial_too_late, ordering_check, signal_grant_checks
 from dbfanout.ops.topic_checks import topic_checks
-from poller.events import to_batch
-from poller.mysql_binlog import MysqlBinlogSource
-from poller.outbox import OutboxSource
-from poller.pg_logical import PgLogicalSource
-from poller.sources import open_source
+from poller.sources.factory import open_source
+from poller.sources.mysql_binlog.source import MysqlBinlogSource
+from poller.sources.outbox import OutboxSource
+from poller.sources.pg_logical.source import PgLogicalSource
+from poller.tick.events import to_batch
 from shared.config import Config, PollerConfig
 from shared.errors import ConfigError, DbFanoutError, OversizeRowError
 from shared.lease_margins import describe_margins, margin_problem

@@ -72,7 +72,8 @@ def test_the_deployed_app_imports_with_no_driver_and_no_cli_extra(tmp_path: Path
     (tmp_path / "dbfanout.toml").write_text(CONFIG)
     done = _run(
         """
-        import function_app, poller.sources, poller.runtime, poller.pg_logical, poller.mysql_binlog, worker.functions
+        import function_app, poller.sources.factory, poller.runtime, worker.functions
+        import poller.sources.pg_logical.source, poller.sources.mysql_binlog.source
         import worker.consumer, worker.idempotency, worker.queue_consumer, shared
         from shared import HandlerContext, RowChange
         names = sorted(f.get_function_name() for f in function_app.app.get_functions())
@@ -102,7 +103,7 @@ def test_a_pg_logical_poller_without_psycopg_fails_its_start_with_the_fix(tmp_pa
     done = _run(
         """
         from shared.config import load_config
-        from poller.sources import open_source
+        from poller.sources.factory import open_source
         from shared.errors import ConfigError
         config = load_config()
         open_source(config.poller("orders"))  # a keyset poller on SQLite needs no driver
@@ -126,7 +127,7 @@ def test_a_mysql_binlog_poller_without_mysql_replication_fails_its_start_with_th
     done = _run(
         """
         from shared.config import load_config
-        from poller.sources import open_source
+        from poller.sources.factory import open_source
         from shared.errors import ConfigError
         try:
             open_source(load_config().poller("binlog"))
@@ -146,7 +147,7 @@ def test_a_mysql_binlog_poller_without_mysql_replication_fails_its_start_with_th
 def test_a_url_whose_driver_is_missing_names_the_package(tmp_path: Path) -> None:
     done = _run(
         """
-        from poller.engines import make_engine
+        from poller.sources.engines import make_engine
         from shared.errors import ConfigError
         try:
             make_engine("mysql+pymysql://root:s3cret@db/shop", key="pollers.orders.source_url")

@@ -21,10 +21,10 @@ from typer.testing import CliRunner, Result
 from dbfanout.cli import app
 from dbfanout.commands.common import load
 from dbfanout.ops.entities import emulator_config_for
-from poller.sink_servicebus import ServiceBusSink
-from poller.sources import open_source
-from poller.state_blob import BlobStateStore, open_state_store
-from poller.tick import TickResult, run_tick
+from poller.sinks.servicebus import ServiceBusSink
+from poller.sources.factory import open_source
+from poller.state.blob import BlobStateStore, open_state_store
+from poller.tick.lifecycle import TickResult, run_tick
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.config import Config

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from dbfanout.ops import checkpoints as ops
-from poller.lease import StickyLease
-from poller.source import SqlSource
-from poller.sources import open_source
-from poller.tick import run_tick
+from poller.lease.keeper import StickyLease
+from poller.sources.factory import open_source
+from poller.sources.keyset.source import SqlSource
+from poller.tick.lifecycle import run_tick
 from tests.cli.conftest import said
 from tests.poller.tick_support import RecordingSink
 

@@ -20,8 +20,8 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
 from azure.storage.queue import QueueServiceClient
 
-from poller.sink_servicebus import ServiceBusSink
-from poller.sink_storagequeue import StorageQueueSink
+from poller.sinks.servicebus import ServiceBusSink
+from poller.sinks.storagequeue import StorageQueueSink
 from shared.failures import FailureRecord, open_failure_store
 from shared.models import HandlerContext, RowChange
 from shared.servicebus import QueueSender
@@ -184,9 +184,9 @@ def test_peek_and_export_show_why_a_storage_queue_message_was_poisoned(
     try:
         # Given one row in a storage queue whose handler raises with a connection string
         source.upsert([1])
-        from poller.source import SqlSource
-        from poller.state_blob import open_state_store
-        from poller.tick import run_tick
+        from poller.sources.keyset.source import SqlSource
+        from poller.state.blob import open_state_store
+        from poller.tick.lifecycle import run_tick
         from shared.config import load_config
         from shared.settings import StorageConnection
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
 
-from poller.sink_servicebus import ServiceBusSink
+from poller.sinks.servicebus import ServiceBusSink
 from shared.claimcheck import is_claim, open_claim_check
 from shared.codec import decode_batch
 from shared.models import HandlerContext, RowChange

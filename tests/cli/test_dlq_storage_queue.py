@@ -23,10 +23,10 @@ from azure.storage.queue import QueueClient, QueueServiceClient
 from typer.testing import CliRunner, Result
 
 from dbfanout.cli import app
-from poller.sink_storagequeue import StorageQueueSink
-from poller.source import SqlSource
-from poller.state_blob import open_state_store
-from poller.tick import run_tick
+from poller.sinks.storagequeue import StorageQueueSink
+from poller.sources.keyset.source import SqlSource
+from poller.state.blob import open_state_store
+from poller.tick.lifecycle import run_tick
 from shared.config import load_config
 from shared.settings import StorageConnection
 from shared.storagequeue import StorageQueueSender, decode_queue_text, encode_queue_text, poison_queue_name

@@ -12,10 +12,10 @@ import sqlalchemy as sa
 from azure.servicebus import ServiceBusClient
 
 from dbfanout.ops.checks import max_delivery_check, needed_window_seconds, schedule_interval_seconds
-from poller.backoff import SinkRefusals
-from poller.source import SqlSource
-from poller.sources import open_source
-from poller.tick import run_tick
+from poller.sources.factory import open_source
+from poller.sources.keyset.source import SqlSource
+from poller.tick.backoff import SinkRefusals
+from poller.tick.lifecycle import run_tick
 from shared.config import PollerConfig
 from tests.cli.conftest import said
 from tests.support.ports import wait_until

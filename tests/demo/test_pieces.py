@@ -29,8 +29,8 @@ from dbfanout.demo.services import ChildProcess, wait_for
 from dbfanout.demo.view import _panel
 from dbfanout.demo.writer import SourceWriter
 from dbfanout.ops.status import snapshot_line, snapshot_progress
-from poller.mysql_binlog import MysqlBinlogSource
-from poller.mysql_binlog_position import BinlogPosition
+from poller.sources.mysql_binlog.position import BinlogPosition
+from poller.sources.mysql_binlog.source import MysqlBinlogSource
 from shared.models import HandlerContext, Lsn, Position, RowChange, SnapshotState
 from shared.outbox import create_outbox
 from tests.poller.mysql_binlog_support import poller_config

@@ -10,9 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from poller.ports import Sink
-from poller.source import SqlSource
-from poller.state_memory import MemoryStateStore
-from poller.tick import TickResult, run_tick
+from poller.sources.keyset.source import SqlSource
+from poller.state.memory import MemoryStateStore
+from poller.tick.lifecycle import TickResult, run_tick
 from shared.config import AppConfig, Config, PollerConfig
 from shared.models import HandlerContext, RowChange
 from tests.fanout.transports import Transport

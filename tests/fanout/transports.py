@@ -11,8 +11,8 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQ
 from azure.storage.queue import QueueServiceClient
 
 from poller.ports import Sink
-from poller.sink_servicebus import ServiceBusSink
-from poller.sink_storagequeue import StorageQueueSink
+from poller.sinks.servicebus import ServiceBusSink
+from poller.sinks.storagequeue import StorageQueueSink
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.config import PollerConfig

@@ -13,7 +13,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
 from azure.storage.blob import BlobServiceClient
 from azure.storage.queue import QueueServiceClient
 
-from poller.sink_servicebus import ServiceBusSink
+from poller.sinks.servicebus import ServiceBusSink
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.claimcheck import open_claim_check

@@ -2,7 +2,7 @@
 
 The real host in a subprocess (``--log-level DEBUG``, so the idle ticks' DEBUG lines show that
 the timer did fire), an empty SQLite source on a one-second schedule. The five-minute summary's
-timing is unit-tested in tests/poller/test_tick_summary.py.
+timing is unit-tested in tests/poller/tick/test_tick_summary.py.
 """
 
 from __future__ import annotations

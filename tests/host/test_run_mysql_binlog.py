@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.snapshot_mysql import mysql_signal_sql
-from poller.state_blob import open_state_store
+from poller.snapshot.mysql import mysql_signal_sql
+from poller.state.blob import open_state_store
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.models import SnapshotState

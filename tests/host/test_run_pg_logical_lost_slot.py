@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.pg_slot import LOST_SNAPSHOT_PREFIX
-from poller.state_blob import open_state_store
+from poller.sources.pg_logical.slot import LOST_SNAPSHOT_PREFIX
+from poller.state.blob import open_state_store
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.models import Position

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.state_blob import open_state_store
+from poller.state.blob import open_state_store
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.models import SnapshotState

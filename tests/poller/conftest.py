@@ -10,8 +10,8 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 
 from poller.ports import StateStore
-from poller.state_blob import BlobStateStore, open_state_store, state_blob_name
-from poller.state_memory import MemoryStateStore
+from poller.state.blob import BlobStateStore, open_state_store, state_blob_name
+from poller.state.memory import MemoryStateStore
 from shared.settings import StorageConnection
 from tests.support.azurite import Azurite
 

@@ -16,9 +16,9 @@ import signal
 import sys
 from typing import Any
 
-from poller.mysql_binlog import MysqlBinlogSource
-from poller.state_blob import open_state_store
-from poller.tick import run_tick
+from poller.sources.mysql_binlog.source import MysqlBinlogSource
+from poller.state.blob import open_state_store
+from poller.tick.lifecycle import run_tick
 from shared.codec import encode_batch
 from shared.config import PollerConfig
 from shared.models import Batch

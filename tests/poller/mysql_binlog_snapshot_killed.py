@@ -21,11 +21,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from poller.mysql_binlog import MysqlBinlogSource
-from poller.snapshot import Chunk
-from poller.snapshot_mysql import MysqlChunkReader
-from poller.state_blob import open_state_store
-from poller.tick import run_tick
+from poller.snapshot.chunks import Chunk
+from poller.snapshot.mysql import MysqlChunkReader
+from poller.sources.mysql_binlog.source import MysqlBinlogSource
+from poller.state.blob import open_state_store
+from poller.tick.lifecycle import run_tick
 from shared.config import PollerConfig
 from shared.models import Batch
 from shared.settings import StorageConnection

@@ -8,9 +8,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from poller.mysql_binlog import MysqlBinlogSource
-from poller.mysql_binlog_position import BinlogPosition
-from poller.mysql_binlog_reader import BinlogChange, BinlogReader
+from poller.sources.mysql_binlog.position import BinlogPosition
+from poller.sources.mysql_binlog.reader import BinlogChange, BinlogReader
+from poller.sources.mysql_binlog.source import MysqlBinlogSource
 from shared.config import PollerConfig, parse_config
 from shared.models import Batch, RowChange
 from tests.support.databases import unique_name

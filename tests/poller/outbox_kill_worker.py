@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 import threading
 
-from poller.sources import open_source
-from poller.state_blob import open_state_store
-from poller.tick import run_tick
+from poller.sources.factory import open_source
+from poller.state.blob import open_state_store
+from poller.tick.lifecycle import run_tick
 from shared.codec import dumps
 from shared.models import Batch
 from shared.settings import StorageConnection

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from poller.ports import SourceRow
-from poller.tick import run_tick
+from poller.tick.lifecycle import run_tick
 from shared.config import PollerConfig
 from shared.models import Position
 from shared.outbox import create_outbox, write_change

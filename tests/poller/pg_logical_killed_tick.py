@@ -6,7 +6,7 @@ KILL_AT is ``send:N`` (die right after the N-th batch was accepted, before its c
 ``acknowledge`` (die after the tick's last checkpoint write landed, before the slot advances).
 The "queue" is OUT_FILE: each accepted batch is one JSON line, flushed and fsynced before the
 sink returns, so what the file holds is what a broker would have accepted. MAX_DECODED lowers the
-source's in-memory cap (a small transaction is then "huge": spooled, see poller.pg_spool).
+source's in-memory cap (a small transaction is then "huge": spooled, see poller.sources.pg_logical.spool).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import signal
 import sys
 from typing import Any
 
-from poller.pg_logical import PgLogicalSource
-from poller.state_blob import open_state_store
-from poller.tick import run_tick
+from poller.sources.pg_logical.source import PgLogicalSource
+from poller.state.blob import open_state_store
+from poller.tick.lifecycle import run_tick
 from shared.codec import encode_batch
 from shared.config import PollerConfig
 from shared.models import Batch, Checkpoint

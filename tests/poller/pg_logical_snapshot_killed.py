@@ -21,10 +21,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from poller.pg_logical import PgLogicalSource
-from poller.snapshot import Chunk, ChunkReader
-from poller.state_blob import open_state_store
-from poller.tick import run_tick
+from poller.snapshot.chunks import Chunk, ChunkReader
+from poller.sources.pg_logical.source import PgLogicalSource
+from poller.state.blob import open_state_store
+from poller.tick.lifecycle import run_tick
 from shared.config import PollerConfig
 from shared.models import Batch
 from shared.settings import StorageConnection

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.pg_logical import setup_sql
+from poller.sources.pg_logical.source import setup_sql
 from shared.config import PollerConfig, parse_config
 from shared.models import Batch, Lsn, RowChange
 from tests.support.databases import unique_name

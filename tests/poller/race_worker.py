@@ -2,7 +2,7 @@
 
 argv: db_url azurite_conn container ticks clock_offset_seconds out_path [send_delay_seconds] [sticky]
 Every accepted batch and every successful commit is appended to out_path as JSON lines. With
-``sticky`` the racer keeps its lease between ticks (poller.lease.StickyLease) and releases it at the end.
+``sticky`` the racer keeps its lease between ticks (poller.lease.keeper.StickyLease) and releases it at the end.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import sys
 import time
 from dataclasses import replace
 
-from poller.lease import StickyLease
-from poller.source import SqlSource
-from poller.state_blob import open_state_store
-from poller.tick import run_tick
+from poller.lease.keeper import StickyLease
+from poller.sources.keyset.source import SqlSource
+from poller.state.blob import open_state_store
+from poller.tick.lifecycle import run_tick
 from shared.codec import dumps
 from shared.models import Batch, Checkpoint
 from shared.settings import StorageConnection

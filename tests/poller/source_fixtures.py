@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
 from poller.ports import SourceRow
-from poller.source import SqlSource
+from poller.sources.keyset.source import SqlSource
 from shared.config import PollerConfig
 from shared.models import Position
 

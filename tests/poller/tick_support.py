@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 import sqlalchemy as sa
 
 from poller.ports import Source, StateStore
-from poller.tick import TickResult, run_tick
+from poller.tick.lifecycle import TickResult, run_tick
 from shared.config import PollerConfig
 from shared.errors import EnqueueError
 from shared.models import Batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from poller.sources import open_source
+from poller.sources.factory import open_source
 from shared.config import parse_config
 from shared.errors import ConfigError
 

@@ -75,7 +75,7 @@ def test_messages_split_exactly_where_event_by_event_packing_splits(sizes: list[
 
 
 class _AsText(tuple[RowChange, ...]):
-    """Events that hand over their JSON, as a keyset page does (poller.events.encode_page)."""
+    """Events that hand over their JSON, as a keyset page does (poller.tick.events.encode_page)."""
 
     def encoded(self) -> EncodedEvents:
         return [e.event_id for e in self], [dumps(encode_event(e)) for e in self]

@@ -12,9 +12,9 @@ from typing import Any, Literal
 import pytest
 import sqlalchemy as sa
 
-from poller.pg_logical import PgLogicalSource
-from poller.state_memory import MemoryStateStore
-from poller.tick import run_tick
+from poller.sources.pg_logical.source import PgLogicalSource
+from poller.state.memory import MemoryStateStore
+from poller.tick.lifecycle import run_tick
 from shared.models import Batch, RowChange
 from tests.poller.pg_logical_support import LogicalTable, logical_table, poller_config
 from tests.poller.tick_support import RecordingSink, drain

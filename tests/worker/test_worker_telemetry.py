@@ -18,7 +18,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from poller.sink_queue import QueueSink
+from poller.sinks.queue import QueueSink
 from shared.codec import decode_batch, encode_batch
 from shared.config import AppConfig, Config
 from shared.messages import OutgoingMessage, pack_batch

@@ -1,0 +1,1 @@
+"""The keyset source: a table or query read in ``(cursor, pk)`` order."""

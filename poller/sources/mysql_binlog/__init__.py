@@ -1,0 +1,1 @@
+"""The mysql_binlog source: a MariaDB/MySQL row binlog read as a replica."""

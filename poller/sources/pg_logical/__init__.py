@@ -1,0 +1,1 @@
+"""The pg_logical source: a PostgreSQL logical replication slot read with pgoutput."""

@@ -1,0 +1,464 @@
+"""The ``kind = "pg_logical"`` source: every change, hard deletes included, from a replication slot.
+
+Why this read path: the slot is read with SQL functions over the pinned psycopg 3 driver through
+SQLAlchemy (``pg_logical_slot_peek_binary_changes``, ``pg_replication_slot_advance``) — no
+replication-protocol connection, nothing new to deploy. Why ``pgoutput``: it is built into
+PostgreSQL 10+ and offered by every managed server (Azure Database for PostgreSQL Flexible Server
+included), with no extension to install; it only decodes the tables of a publication.
+
+The tick's order keeps the at-least-once contract with no settle window:
+
+1. ``fetch`` *peeks* (reads without consuming) the changes committed after the checkpoint, in
+   commit order; each change's position is ``(commit LSN, seq)`` — ``seq`` its place in the
+   transaction — and the checkpoint cursor is ``{kind: "pg_lsn", value: commit LSN,
+   tiebreaker: {"seq": n}}``. A transaction larger than a page is split across pages and ticks;
+   one larger than a peek's cap is read from the slot once, into a local spool the next pages
+   come from (:mod:`poller.sources.pg_logical.spool`), until the slot is past it.
+2. the tick sends the page (event ids from the position: duplicate detection drops re-sends);
+3. the tick commits the checkpoint (CAS, fencing);
+4. only then ``acknowledge`` advances the slot to what the landed checkpoint covers.
+
+A crash anywhere re-reads from the slot, which may be behind the checkpoint: changes at or
+before the checkpoint are skipped. The slot and the publication are created by
+``dbfanout validate --fix`` (or :func:`setup_sql`), never at tick time.
+
+Snapshots (``snapshot = "initial"``, ``dbfanout snapshot``) run inside the same fetches: the rows
+that already exist are read in chunks beside the stream, emitted from their high watermark's log
+position on, with DBLog's rule that a key the log changed meanwhile leaves the chunk (see
+:mod:`poller.snapshot.chunks`). The snapshot is the coordinator's
+(:class:`~poller.snapshot.coordinator.SnapshotCoordinator`); this source is the
+:class:`~poller.snapshot.coordinator.LogReader` it walks (its position keys are ``(commit LSN,
+seq)``) and reads the slot through :mod:`poller.sources.pg_logical.peek`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
+from typing import Any
+
+import sqlalchemy as sa
+
+from poller.ports import EventFields, Page, SourceRow
+from poller.snapshot.chunks import ChunkReader, qualified, signal_of, signal_sql
+from poller.snapshot.coordinator import ChunkSource, Fetched, LogRead, Signal, SnapshotCoordinator
+from poller.sources.engines import db_errors, require_driver, source_engine
+from poller.sources.pg_logical.peek import Buffer, SlotReader
+from poller.sources.pg_logical.pgoutput import Change, Relation
+from poller.sources.pg_logical.slot import SlotGuard
+from shared.config import PollerConfig
+from shared.errors import ConfigError, PositionLostError, SourceError
+from shared.ids import source_fingerprint
+from shared.logs import get_logger, ids
+from shared.models import Checkpoint, CursorValue, Lsn, Position, SnapshotState
+from shared.settings import fingerprint_url, redact_url
+from shared.telemetry import metrics
+
+__all__ = ["PgLogicalSource", "setup_sql"]
+
+log = get_logger("poller.pg_logical")
+
+_SLOT = sa.text(
+    "SELECT plugin, database, CAST(confirmed_flush_lsn AS text) AS confirmed, active, wal_status,"
+    " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) AS retained_bytes,"
+    " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) AS lag_bytes"
+    " FROM pg_replication_slots WHERE slot_name = :slot"
+)
+_ADVANCE = sa.text(
+    "SELECT pg_replication_slot_advance(CAST(:slot AS name), CAST(:lsn AS pg_lsn)) FROM pg_replication_slots"
+    " WHERE slot_name = :slot AND confirmed_flush_lsn < CAST(:lsn AS pg_lsn)"
+)
+_PRIMARY_KEY = sa.text(
+    "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
+    " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+    " WHERE i.indrelid = :oid AND i.indisprimary ORDER BY k.n"
+)
+
+
+def setup_sql(config: PollerConfig) -> list[str]:
+    """The statements that create the signal table, the publication, then the slot (that order: see the docs).
+
+    The publication holds the poller's tables and the snapshot signal table (poller.snapshot.chunks):
+    a snapshot's watermarks and requests reach the poller through the slot.
+    """
+    tables = ", ".join(_quote_table(t) for t in (*config.tables, config.signal_table))
+    return [
+        *signal_sql(config),
+        f"CREATE PUBLICATION {config.publication} FOR TABLE {tables} WITH (publish = 'insert, update, delete')",
+        f"SELECT pg_create_logical_replication_slot('{config.slot}', 'pgoutput')",
+    ]
+
+
+def _quote_table(name: str) -> str:
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+
+
+class PgLogicalSource:
+    """The :class:`~poller.ports.Source` port over a logical replication slot (``pgoutput``)."""
+
+    #: Changes one peek decodes at most (memory bound: a huge transaction is read in parts; a
+    #: larger part means fewer peeks, each of which the server decodes from the slot's position).
+    MAX_DECODED = 20_000
+
+    def __init__(self, config: PollerConfig, engine: sa.Engine | None = None) -> None:
+        if config.kind != "pg_logical" or not config.slot or not config.publication:
+            raise ConfigError(f"pollers.{config.name}.kind", 'PgLogicalSource needs kind = "pg_logical"')
+        # psycopg 3 is an optional driver: checked (and imported) only when a pg_logical poller opens
+        require_driver("psycopg", f"pollers.{config.name}", 'kind = "pg_logical"', label="psycopg 3")
+        self._config = config
+        self._engine = source_engine(config, engine)
+        if self._engine.dialect.name != "postgresql":
+            raise ConfigError(
+                f"pollers.{config.name}.kind",
+                f'kind = "pg_logical" needs PostgreSQL 10+ (this source is {self._engine.dialect.name})',
+            )
+        self._slot, self._publication = config.slot, config.publication
+        self._url = redact_url(config.source_url)
+        self._fingerprint = source_fingerprint(
+            {
+                "url": fingerprint_url(config.source_url),
+                "kind": "pg_logical",
+                "tables": list(config.tables),
+                "slot": self._slot,
+                "publication": self._publication,
+                "pk": list(config.pk),
+            }
+        )
+        self._pks: dict[int, tuple[str, ...]] = {}
+        self._signal = config.signal_table
+        chunks = ChunkReader(config, self._engine)
+        self._snapshots: SnapshotCoordinator[Change] = SnapshotCoordinator(config, self, chunks)
+        self._guard = SlotGuard(config, self._engine, self._url, chunks.estimate, self._forget_log)
+        self._local = threading.local()  # pinned connection, this tick's buffer and last read, per thread
+        self._warned: set[str] = set()
+        # Where the slot may go once a position a page ended at is a landed checkpoint; shared by
+        # the threads a tick's pages are read on, cleared by acknowledge.
+        self._hints: dict[tuple[int, int], Lsn] = {}
+        # Peeks, and a transaction larger than MAX_DECODED read once into a spool (poller.sources.pg_logical.spool).
+        self._slot_reader = SlotReader(config, self._wanted)
+
+    # ------------------------------------------------------------------------------ the port
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def fetch(self, after: Position | None, limit: int) -> Page:
+        try:
+            with self._connection("fetch") as conn:
+                return self._fetch(conn, after, limit)
+        except SourceError as exc:
+            if isinstance(exc, PositionLostError) or _sqlstate(exc) is None:
+                raise  # lost already said, or the server did not answer (nothing to ask it then)
+            # The server refused the read: its slot may be lost meanwhile. Say so (or recover).
+            recovery = self._recheck(after)
+            if recovery is not None:
+                return recovery
+            raise
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """One connection and one decoded buffer for a tick's fetches (the slot does not move meanwhile)."""
+        self._local.pinning, self._local.conn, self._local.buffer = True, None, None
+        self._guard.new_tick()
+        try:
+            yield
+        finally:
+            conn = self._local.conn
+            self._local.pinning, self._local.conn, self._local.buffer = False, None, None
+            if conn is not None:
+                with suppress(sa.exc.SQLAlchemyError):
+                    conn.close()
+
+    def acknowledge(self, checkpoint: Checkpoint) -> None:
+        """Advance the slot to what ``checkpoint`` (a landed write) covers; never past it.
+
+        To the end of the checkpoint's transaction when it was delivered whole, to its commit LSN
+        otherwise (the slot then re-sends it and the rest is read past the checkpoint); when the
+        last peek found nothing after the checkpoint, to the log position that peek read to, so
+        an idle slot does not hold WAL back. Best effort: the next tick acknowledges again.
+        """
+        key = _key(checkpoint.position)
+        if key is None:
+            return
+        target = self._hints.pop(key, Lsn(key[0]))  # unknown: its commit LSN (its transaction stays)
+        self._hints.clear()  # the others are behind this landed checkpoint (or were never sent)
+        spool = self._slot_reader.spool
+        passed = spool is not None and spool.passed_by(key)
+        if passed and spool is not None and spool.end_lsn is not None:
+            target = Lsn(max(target, spool.end_lsn))  # the spooled transaction was delivered whole
+        try:
+            with self._connection("acknowledge") as conn:
+                conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
+                conn.commit()
+                if passed and spool is self._slot_reader.spool:
+                    self._slot_reader.drop_spool()  # the slot is past it: the next peek starts after it
+                retained = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
+                conn.rollback()
+            if retained is not None:  # the WAL the slot still holds back (operators alert on it)
+                attrs = {"poller": self._config.name, "slot": self._slot}
+                metrics.retained_wal_bytes.record(int(retained["retained_bytes"] or 0), attrs)
+                metrics.lag_wal_bytes.record(int(retained["lag_bytes"] or 0), attrs)
+        except SourceError as exc:  # FetchError included: nothing is lost, the slot just lags
+            log.warning(
+                "poller %s: could not advance slot %s to %s: %s", self._config.name, self._slot, target, exc,
+                extra=ids(poller=self._config.name),
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the read-ahead thread; the engine is shared per URL
+        (see :func:`poller.sources.engines.dispose_engines`)."""
+        self._snapshots.close()
+        self._slot_reader.drop_spool()
+
+    def forget(self) -> None:
+        """The lease went to another process: drop the spool (it delivers the transaction meanwhile,
+        and a later fetch here reads the slot again from the checkpoint it finds)."""
+        self._slot_reader.drop_spool()
+
+    @property
+    def spool_bytes(self) -> int:
+        """Bytes of the local spool of a huge transaction (0: none)."""
+        spool = self._slot_reader.spool
+        return spool.size if spool is not None else 0
+
+    # ------------------------------------------------------------------------------ operator surface
+
+    @property
+    def slot(self) -> str:
+        return self._slot
+
+    def slot_status(self) -> dict[str, Any] | None:
+        """The slot as ``pg_replication_slots`` shows it (None when it does not exist)."""
+        with self._connection("slot status") as conn:
+            row = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
+            conn.rollback()
+        if row is None:
+            return None
+        return {
+            "slot": self._slot,
+            "publication": self._publication,
+            "plugin": row["plugin"],
+            "active": bool(row["active"]),
+            "wal_status": row["wal_status"],
+            "confirmed_flush_lsn": row["confirmed"],
+            "retained_wal_bytes": int(row["retained_bytes"] or 0),
+            "lag_bytes": int(row["lag_bytes"] or 0),
+        }
+
+    @property
+    def _chunks(self) -> ChunkSource:
+        """The snapshot's chunk reader (the coordinator's; tests put a reader of their own here)."""
+        return self._snapshots.chunks
+
+    @_chunks.setter
+    def _chunks(self, chunks: ChunkSource) -> None:
+        self._snapshots.chunks = chunks
+
+    # ------------------------------------------------------------------------------ reading
+
+    def _fetch(self, conn: sa.Connection, after: Position | None, limit: int) -> Page:
+        """The slot's check, then the coordinator's page (the stream, and a snapshot's chunks beside it)."""
+        recovery = self._guard.check(conn, after)  # the slot lost: an error, or (opt-in) a resnapshot
+        if recovery is not None:
+            conn.rollback()
+            return recovery
+        self._local.read = None
+        fetched = self._snapshots.fetch(conn, after, limit)
+        conn.rollback()  # no snapshot held between pages
+        read: tuple[Buffer, bool] | None = self._local.read
+        if read is not None:
+            self._hint(read[0], fetched, read[1])
+        return fetched.page
+
+    def _hint(self, buffer: Buffer, fetched: Fetched[Change], to_end: bool) -> None:
+        """Remember how far the slot may go once the page's end position is a landed checkpoint.
+
+        Past the whole transaction when the page ends with its last change; to the log position
+        the peek read to when nothing relevant follows (so an idle slot does not hold WAL back).
+        A snapshot state change no row carries ends the page too (its ``advance``), so the slot
+        never passes a request or a watermark before a checkpoint has its new state.
+        """
+        if not getattr(self._local, "pinning", False):
+            return
+        hints, advance, rows = self._hints, fetched.page.advance, fetched.page.rows
+        key = _key(advance) if advance is not None else _key(rows[-1].position) if rows else fetched.after
+        if key is None:
+            return
+        last = fetched.last
+        target = Lsn(key[0]) if last is None else last.end_lsn if last.last_in_txn else last.commit_lsn
+        if buffer.exhausted and to_end and (last is None or last.last_in_txn):
+            target = Lsn(max(target, buffer.flushed))
+        hints[key] = Lsn(max(target, hints.get(key, 0)))
+
+    def _wanted(self, change: Change) -> bool:
+        if change.kind == "truncate":
+            names = ", ".join(r.qualified for r in change.truncated)
+            self._warn_once(f"truncate-{change.commit_lsn}", "TRUNCATE of %s at %s is not delivered (a truncate "
+                            "has no rows; publish 'insert, update, delete')", names, change.commit_lsn)  # fmt: skip
+            return False
+        if change.relation.qualified == self._signal:  # ours only: other pollers share the table
+            return signal_of(change.new, self._config.name) is not None
+        return _listed(change.relation, self._config.tables)
+
+    # ------------------------------------------------------------------------------ the coordinator's log reader
+
+    @property
+    def signal_table(self) -> str:
+        return self._signal
+
+    def qualify(self, table: str) -> str:
+        return qualified(table)
+
+    def key_of(self, position: Position | None) -> tuple[int, int] | None:
+        return _key(position)
+
+    def changes(self, conn: sa.Connection, after: tuple[int, int] | None, want: int) -> LogRead[Change]:
+        """Up to ``want`` changes after ``after``: from this tick's buffer, the spool, or a peek."""
+        pinning = getattr(self._local, "pinning", False)
+        buffer, start = self._slot_reader.read(
+            conn, after, want, self._local.buffer if pinning else None, self.MAX_DECODED
+        )
+        if pinning:
+            self._local.buffer = buffer
+        picked = buffer.changes[start : start + want]
+        to_end = start + len(picked) == len(buffer.changes)
+        self._local.read = (buffer, to_end)  # the last read of the fetch: see _hint
+        return LogRead(picked, buffer.exhausted and to_end)
+
+    def reread(self) -> None:
+        self._local.buffer = None
+
+    def signal(self, change: Change) -> Signal | None:
+        return signal_of(change.new, self._config.name)
+
+    def committed_at(self, change: Change) -> dt.datetime:
+        return change.commit_time
+
+    def keys(self, conn: sa.Connection, c: Change) -> list[tuple[Any, ...]]:
+        """The primary keys a change touches (an update that changes the key: both)."""
+        pk = self._pk(conn, c.relation)
+        return [tuple(image[p] for p in pk) for image in (c.new, c.old) if image and all(p in image for p in pk)]
+
+    def position(self, key: tuple[int, int] | None, state: SnapshotState | None) -> Position:
+        lsn, seq = key or (0, 0)  # before the whole log: 0/0
+        return Position(Lsn(lsn), {"seq": seq}, state)
+
+    def cursor(self, key: tuple[int, int] | None) -> CursorValue:
+        lsn, seq = key or (0, 0)
+        return (Lsn(lsn), seq)
+
+    def describe(self, key: tuple[int, int]) -> str:
+        return str(Lsn(key[0]))
+
+    def row(self, conn: sa.Connection, c: Change, state: SnapshotState | None) -> SourceRow:
+        pk_cols = self._pk(conn, c.relation)
+        deleted = c.kind == "delete"
+        image = c.old if deleted else c.new
+        assert image is not None or deleted
+        source = image or {}
+        missing = [p for p in pk_cols if p not in source]
+        if missing:
+            raise SourceError(
+                f"poller {self._config.name}: {c.kind} on {c.relation.qualified} at {c.commit_lsn} lacks key "
+                f"column(s) {missing}",
+                hint=f"give {c.relation.qualified} a primary key (or REPLICA IDENTITY FULL), or set pk to its key",
+            )
+        before = c.old
+        if c.kind == "update" and c.old_is_key and c.old is not None:
+            before = {p: c.old[p] for p in pk_cols if p in c.old}  # the key changed: the old key
+        fields = EventFields(
+            pk={p: source[p] for p in pk_cols},
+            cursor=(c.commit_lsn, c.seq),
+            change=c.kind,
+            before=before,
+            table=c.relation.qualified,
+            committed_at=c.commit_time,
+        )
+        # A delete has no new row: no values (the event's after is null; its old image is before).
+        return SourceRow(Position(c.commit_lsn, {"seq": c.seq}, state), dict(c.new or {}), deleted, fields)
+
+    def _pk(self, conn: sa.Connection, rel: Relation) -> tuple[str, ...]:
+        if self._config.pk:
+            return self._config.pk
+        pk = self._pks.get(rel.oid)
+        if pk is None:
+            pk = tuple(conn.execute(_PRIMARY_KEY, {"oid": rel.oid}).scalars())
+            if not pk and rel.replica_identity in ("d", "i"):
+                pk = rel.key_columns  # a REPLICA IDENTITY USING INDEX key
+            if not pk:
+                raise SourceError(
+                    f"poller {self._config.name}: table {rel.qualified} has no primary key",
+                    hint="add a primary key, or set pk to the columns that identify a row",
+                )
+            self._pks[rel.oid] = pk
+        return pk
+
+    def _recheck(self, after: Position | None) -> Page | None:
+        """The slot check after a failed read (raises when the slot is lost; None when the server
+        itself cannot be reached: the read's own error says so)."""
+        try:
+            with self._connection("slot check") as conn:
+                return self._guard.check(conn, after, force=True)
+        except PositionLostError:
+            raise
+        except SourceError:
+            return None
+
+    def _forget_log(self) -> None:
+        """The slot was replaced: what was read of the old one (buffer, chunks, hints) is void."""
+        self._local.buffer = None
+        self._snapshots.forget()
+        self._hints.clear()
+
+    # ------------------------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def _connection(self, op: str) -> Iterator[sa.Connection]:
+        with self._db_errors(op):
+            if not getattr(self._local, "pinning", False):
+                with self._engine.connect() as conn:
+                    yield conn
+                return
+            conn = self._local.conn
+            if conn is None:
+                conn = self._local.conn = self._engine.connect()
+            try:
+                yield conn
+            except BaseException:
+                with suppress(sa.exc.SQLAlchemyError):
+                    conn.rollback()
+                raise
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("poller %s: " + message, self._config.name, *args, extra=ids(poller=self._config.name))
+
+    def _db_errors(self, op: str) -> AbstractContextManager[None]:
+        return db_errors(f"poller {self._config.name}: {op} from slot {self._slot} at {self._url}",
+                         self._config.source_url)  # fmt: skip
+
+
+def _key(position: Position | None) -> tuple[int, int] | None:
+    if position is None:
+        return None
+    seq = position.pk.get("seq")
+    if not isinstance(position.cursor, int) or not isinstance(seq, int):
+        raise SourceError(
+            f"the checkpoint {position.cursor!r}/{dict(position.pk)} is not a pg_lsn position",
+            hint="this checkpoint was written by another source kind: `dbfanout checkpoint reset` the poller",
+        )
+    return (int(position.cursor), seq)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of the server's answer behind ``error`` (None: no answer, e.g. a lost connection)."""
+    cause = error.__cause__
+    return getattr(getattr(cause, "orig", cause), "sqlstate", None)
+
+
+def _listed(rel: Relation, tables: Sequence[str]) -> bool:
+    return any(t == rel.qualified or (t == rel.name and rel.schema == "public") for t in tables)
