@@ -69,96 +69,104 @@ class Metrics:
     snapshot_chunks_refused: otel_metrics.Counter  # pg_logical snapshots: chunk reads refused (retried)
 
 
+#: field → (kind, name, unit, description): the instruments of :class:`Metrics`, in its order. A
+#: "gauge" is an observable gauge read from a :class:`LatestValue` at each export.
+_INSTRUMENTS: dict[str, tuple[str, str, str, str]] = {
+    "rows_fetched": ("counter", "dbfanout.rows_fetched", "{row}", ""),
+    "messages_enqueued": ("counter", "dbfanout.messages_enqueued", "{message}", ""),
+    "failures": ("counter", "dbfanout.failures", "{failure}", "failures by stage"),
+    "lag_seconds": ("histogram", "dbfanout.lag", "s", "now - cursor of the last row sent"),
+    "last_success_timestamp": (
+        "gauge",
+        "dbfanout.last_success_timestamp",
+        "s",
+        "unix time of the poller's last tick that ended without error",
+    ),
+    "handler_duration": ("histogram", "dbfanout.handler.duration", "s", ""),
+    "events_handled": ("counter", "dbfanout.events_handled", "{event}", ""),
+    "messages_split": ("counter", "dbfanout.messages_split", "{message}", ""),
+    "deliveries_failed": ("counter", "dbfanout.deliveries.failed", "{delivery}", "deliveries whose handler raised"),
+    "events_dead_lettered": (
+        "counter",
+        "dbfanout.events.dead_lettered",
+        "{event}",
+        "events whose last allowed delivery failed (they are in the DLQ or poison queue now)",
+    ),
+    "duplicates_absorbed": (
+        "counter",
+        "dbfanout.events.duplicates",
+        "{event}",
+        "events ProcessedEvents.fresh found already handled (redeliveries it absorbed)",
+    ),
+    "commit_to_handler": (
+        "histogram",
+        "dbfanout.commit_to_handler",
+        "s",
+        "source commit time (or the best time the source knows, see commit_time) to handler done, "
+        "one observation per commit a handled message carried",
+    ),
+    "retained_wal_bytes": (
+        "gauge",
+        "dbfanout.pg_logical.retained_wal",
+        "By",
+        "WAL the poller's replication slot holds back (pg_logical)",
+    ),
+    "lag_wal_bytes": (
+        "gauge",
+        "dbfanout.pg_logical.lag",
+        "By",
+        "WAL after the slot's confirmed position: the backlog not yet delivered (pg_logical)",
+    ),
+    "wal_headroom_bytes": (
+        "gauge",
+        "dbfanout.pg_logical.wal_headroom",
+        "By",
+        "WAL that can still be written before PostgreSQL invalidates the poller's slot "
+        "(pg_replication_slots.safe_wal_size; reported only when max_slot_wal_keep_size is set)",
+    ),
+    "lag_rows": (
+        "gauge",
+        "dbfanout.lag_rows",
+        "{row}",
+        "rows after the checkpoint not yet sent (keyset, outbox), counted up to 10,000 when a tick "
+        "stops short of the end; 0 after a tick that caught up",
+    ),
+    "sink_refusing": (
+        "gauge",
+        "dbfanout.sink_refusing",
+        "1",
+        "1 while the broker refuses the poller's sends (queue full, throttled, unreachable) and the "
+        "poller backs off, 0 once it accepts again; attribute reason",
+    ),
+    "sends_refused": (
+        "counter",
+        "dbfanout.sends_refused",
+        "{send}",
+        "sends the broker refused (attribute reason: queue_full, throttled, unreachable); "
+        "ticks inside the backoff window send nothing and count nothing",
+    ),
+    "snapshot_chunks_refused": (
+        "counter",
+        "dbfanout.snapshot_chunks_refused",
+        "{chunk}",
+        "snapshot chunk reads refused because a committed transaction was not visible yet "
+        "(pg_logical; retried with backoff and a smaller chunk)",
+    ),
+}
+
+
 def _build() -> Metrics:
     meter = otel_metrics.get_meter("dbfanout")
-    last_success, retained_wal, lag_wal, lag_rows = LatestValue(), LatestValue(), LatestValue(), LatestValue()
-    wal_headroom = LatestValue()
-    sink_refusing = LatestValue()
-    meter.create_observable_gauge(
-        "dbfanout.sink_refusing",
-        callbacks=[sink_refusing.observe],
-        unit="1",
-        description="1 while the broker refuses the poller's sends (queue full, throttled, unreachable) and the "
-        "poller backs off, 0 once it accepts again; attribute reason",
-    )
-    meter.create_observable_gauge(
-        "dbfanout.last_success_timestamp",
-        callbacks=[last_success.observe],
-        unit="s",
-        description="unix time of the poller's last tick that ended without error",
-    )
-    meter.create_observable_gauge(
-        "dbfanout.lag_rows",
-        callbacks=[lag_rows.observe],
-        unit="{row}",
-        description="rows after the checkpoint not yet sent (keyset, outbox), counted up to 10,000 when a tick "
-        "stops short of the end; 0 after a tick that caught up",
-    )
-    meter.create_observable_gauge(
-        "dbfanout.pg_logical.retained_wal",
-        callbacks=[retained_wal.observe],
-        unit="By",
-        description="WAL the poller's replication slot holds back (pg_logical)",
-    )
-    meter.create_observable_gauge(
-        "dbfanout.pg_logical.wal_headroom",
-        callbacks=[wal_headroom.observe],
-        unit="By",
-        description="WAL that can still be written before PostgreSQL invalidates the poller's slot "
-        "(pg_replication_slots.safe_wal_size; reported only when max_slot_wal_keep_size is set)",
-    )
-    meter.create_observable_gauge(
-        "dbfanout.pg_logical.lag",
-        callbacks=[lag_wal.observe],
-        unit="By",
-        description="WAL after the slot's confirmed position: the backlog not yet delivered (pg_logical)",
-    )
-    return Metrics(
-        rows_fetched=meter.create_counter("dbfanout.rows_fetched", unit="{row}"),
-        messages_enqueued=meter.create_counter("dbfanout.messages_enqueued", unit="{message}"),
-        failures=meter.create_counter("dbfanout.failures", unit="{failure}", description="failures by stage"),
-        lag_seconds=meter.create_histogram("dbfanout.lag", unit="s", description="now - cursor of the last row sent"),
-        last_success_timestamp=last_success,
-        handler_duration=meter.create_histogram("dbfanout.handler.duration", unit="s"),
-        events_handled=meter.create_counter("dbfanout.events_handled", unit="{event}"),
-        messages_split=meter.create_counter("dbfanout.messages_split", unit="{message}"),
-        deliveries_failed=meter.create_counter(
-            "dbfanout.deliveries.failed", unit="{delivery}", description="deliveries whose handler raised"
-        ),
-        events_dead_lettered=meter.create_counter(
-            "dbfanout.events.dead_lettered",
-            unit="{event}",
-            description="events whose last allowed delivery failed (they are in the DLQ or poison queue now)",
-        ),
-        duplicates_absorbed=meter.create_counter(
-            "dbfanout.events.duplicates",
-            unit="{event}",
-            description="events ProcessedEvents.fresh found already handled (redeliveries it absorbed)",
-        ),
-        commit_to_handler=meter.create_histogram(
-            "dbfanout.commit_to_handler",
-            unit="s",
-            description="source commit time (or the best time the source knows, see commit_time) to handler done, "
-            "one observation per commit a handled message carried",
-        ),
-        retained_wal_bytes=retained_wal,
-        lag_wal_bytes=lag_wal,
-        wal_headroom_bytes=wal_headroom,
-        lag_rows=lag_rows,
-        sink_refusing=sink_refusing,
-        sends_refused=meter.create_counter(
-            "dbfanout.sends_refused",
-            unit="{send}",
-            description="sends the broker refused (attribute reason: queue_full, throttled, unreachable); "
-            "ticks inside the backoff window send nothing and count nothing",
-        ),
-        snapshot_chunks_refused=meter.create_counter(
-            "dbfanout.snapshot_chunks_refused",
-            unit="{chunk}",
-            description="snapshot chunk reads refused because a committed transaction was not visible yet "
-            "(pg_logical; retried with backoff and a smaller chunk)",
-        ),
-    )
+    built: dict[str, object] = {}
+    for field_name, (kind, name, unit, description) in _INSTRUMENTS.items():
+        if kind == "gauge":
+            value = built[field_name] = LatestValue()
+            meter.create_observable_gauge(name, callbacks=[value.observe], unit=unit, description=description)
+        elif kind == "counter":
+            built[field_name] = meter.create_counter(name, unit=unit, description=description)
+        else:
+            built[field_name] = meter.create_histogram(name, unit=unit, description=description)
+    return Metrics(**built)  # type: ignore[arg-type]  # a field missing from the table fails at import
 
 
 def recording() -> bool:
