@@ -7,32 +7,36 @@ dead-letter after MaxDeliveryCount); returning means "complete it".
 A topic poller's messages are processed per subscription (``process(delivery, subscription)``):
 the subscription's handler runs, its MaxDeliveryCount decides when to split, and the singles go
 back to the topic for that subscription alone.
+
+What only observes a delivery (logs, metrics, the trace span, failure records) is a hook
+(:mod:`worker.hooks`), called before and after each step; the runtime decides and settles.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Protocol
 
 from shared.claimcheck import is_claim
 from shared.codec import decode_batch
 from shared.config import Config
 from shared.errors import ConfigError, EnvelopeError, HandlerError
-from shared.failures import FailureRecord
 from shared.logs import get_logger, ids
 from shared.models import Batch, HandlerContext, RowChange
 from shared.scrub import describe_error, safe_cause
-from shared.telemetry import metrics, recording
-from shared.tracing import delivery_span, messaging_system
+from worker.delivery import Delivery, DeliveryInfo, delivery_info
+from worker.delivery_log import DeliveryLog
+from worker.failure_records import FailureRecorder, FailureRecords, entity_of
 from worker.handlers import Handler, call_handler, load_handler
+from worker.hooks import Hook
+from worker.metrics import Metrics
 from worker.settlement import Settle, decide, split_first
 from worker.split import Splitter
+from worker.tracing import Tracing
 
-__all__ = ["Delivery", "FailureRecorder", "HandlerKey", "Worker", "entity_of"]
+__all__ = ["Delivery", "FailureRecorder", "HandlerKey", "Hook", "Worker", "default_hooks", "entity_of"]
 
 log = get_logger("worker")
 
@@ -40,15 +44,12 @@ log = get_logger("worker")
 HandlerKey = tuple[str, str | None]
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """What the worker needs of a received message (filled from a Functions or SDK message)."""
-
-    body: bytes
-    message_id: str
-    delivery_count: int  # Functions semantics: 1 on the first delivery
-    enqueued_time: dt.datetime | None = None
-    application_properties: Mapping[str, Any] = field(default_factory=dict)
+def default_hooks(failures: FailureRecorder | None = None) -> list[Hook]:
+    """The worker's own hooks: its log lines, metrics, trace span and (given a recorder) failure records."""
+    hooks: list[Hook] = [DeliveryLog(), Metrics(), Tracing()]
+    if failures is not None:
+        hooks.append(FailureRecords(failures))
+    return hooks
 
 
 class Worker:
@@ -64,9 +65,11 @@ class Worker:
         app_root: Path | None = None,
         resolve_claims: Callable[[RowChange], RowChange] | None = None,
         failures: FailureRecorder | None = None,
+        hooks: Sequence[Hook] = (),
     ) -> None:
         """``handlers`` replace configured ones: by poller name, or by ``(poller, subscription)``.
-        ``failures``: where each failed delivery leaves its reason for ``dbfanout dlq`` (shared.failures)."""
+        ``failures``: where each failed delivery leaves its reason for ``dbfanout dlq`` (shared.failures).
+        ``hooks``: called after the worker's own (:func:`default_hooks`) at each point of a delivery."""
         self._config = config
         self._splitter = splitter
         self._handlers: dict[HandlerKey, Handler] = {
@@ -74,7 +77,7 @@ class Worker:
         }
         self._app_root = app_root
         self._resolve_claims = resolve_claims
-        self._failures = failures
+        self._hooks: list[Hook] = [*default_hooks(failures), *hooks]
 
     def handler_for(self, poller: str, subscription: str | None = None) -> Handler:
         """The handler of ``poller`` (queue pollers) or of its ``subscription`` (topic pollers), cached."""
@@ -112,80 +115,73 @@ class Worker:
         ``subscription``: the topic subscription it was received on (None: a queue).
         """
         batch = self._decode(delivery)
-        cfg = self._config.pollers.get(batch.poller)
-        span_attributes = {
-            "messaging.system": messaging_system(cfg.transport if cfg is not None else "servicebus"),
-            "messaging.operation": "process",
-            "messaging.destination.name": cfg.queue if cfg is not None else None,
-            "messaging.message.id": delivery.message_id,
-            "dbfanout.poller": batch.poller,
-            "dbfanout.subscription": subscription,
-            "dbfanout.batch_id": batch.batch_id,
-            "dbfanout.delivery_count": delivery.delivery_count,
-            "dbfanout.events": len(batch.events),
-        }
-        with delivery_span(delivery.application_properties, batch.traceparent, span_attributes):
-            return self._process(batch, delivery, subscription)
+        info = delivery_info(batch, delivery, subscription, self._config.pollers.get(batch.poller))
+        with ExitStack() as around:
+            for hook in self._hooks:
+                around.enter_context(hook.delivery(info))
+            return self._process(info)
 
-    def _process(self, batch: Batch, delivery: Delivery, subscription: str | None) -> Settle:
-        handler = self._handler(batch, delivery, subscription)
-        cfg = self._config.pollers[batch.poller]
-        deliveries = cfg.deliveries_for(subscription)  # each subscription has its own MaxDeliveryCount
-        if self._splitter is not None and split_first(len(batch.events), delivery.delivery_count, deliveries):
-            return self._split_first(batch, delivery, subscription, deliveries)
-        context = HandlerContext(
-            poller=batch.poller,
-            message_id=delivery.message_id,
-            delivery_count=delivery.delivery_count,
-            enqueued_time=delivery.enqueued_time,
-            batch_id=batch.batch_id,
-            application_properties=dict(delivery.application_properties),
-            subscription=subscription,
-        )
+    def _process(self, info: DeliveryInfo) -> Settle:
+        handler = self._handler(info)
+        batch, delivery = info.batch, info.delivery
+        assert info.poller is not None  # the handler loaded: the poller is configured
+        if self._splitter is not None and split_first(len(batch.events), delivery.delivery_count, info.deliveries):
+            return self._split(info, None)
         started = time.perf_counter()
         try:
             # Claim-check references are resolved here, inside the failure path: a missing claim
             # fails this message like a handler error (retried, split, its single dead-lettered).
-            call_handler(handler, self._events(batch), context)
+            call_handler(handler, self._events(batch), self._context(info))
             error: Exception | None = None
         except Exception as exc:  # the user's code may raise anything; it fails the message
             error = exc
-        metrics.handler_duration.record(time.perf_counter() - started, self._attrs(batch.poller, subscription))
-        n_events = len(batch.events)
-        outcome = decide(error is None, n_events, delivery.delivery_count, cfg.split_after_deliveries, deliveries)
-        return self._carry_out(outcome, batch, delivery, error, subscription)
+        self._call("after_handler", info, time.perf_counter() - started, error)
+        split_after = info.poller.split_after_deliveries
+        outcome = decide(error is None, len(batch.events), delivery.delivery_count, split_after, info.deliveries)
+        if outcome is Settle.SPLIT and self._splitter is not None:
+            return self._split(info, error)
+        if outcome is Settle.SPLIT:  # no splitter: the message fails as a whole
+            outcome = Settle.RAISE
+        self._call("after_delivery", info, outcome, error)
+        if error is not None:
+            raise _handler_error(info, error)
+        return outcome
 
-    def _split_first(self, batch: Batch, delivery: Delivery, subscription: str | None, deliveries: int) -> Settle:
-        """Split a redelivered batch close to quarantine without running its handler (settlement.split_first)."""
-        log.warning(
-            "multi-event message redelivered close to its MaxDeliveryCount; splitting it before its handler runs",
-            extra=ids(
-                poller=batch.poller,
-                subscription=subscription,
-                batch_id=batch.batch_id,
-                message_id=delivery.message_id,
-                delivery_count=delivery.delivery_count,
-                max_delivery_count=deliveries,
-                events=len(batch.events),
-            ),
-        )
-        self._split(batch, delivery, subscription)
-        return Settle.SPLIT
-
-    def _split(self, batch: Batch, delivery: Delivery, subscription: str | None) -> None:
-        """Send the batch's singles (then the caller lets the parent complete).
+    def _split(self, info: DeliveryInfo, error: Exception | None) -> Settle:
+        """Send the batch's singles (then the caller lets the parent complete); ``error`` None: the
+        batch is split before its handler runs, close to quarantine (settlement.split_first).
 
         Singles first, parent completes after: a crash between them re-splits with the same ids.
         A topic poller's singles go to its topic, addressed to this subscription only.
         """
-        assert self._splitter is not None
+        assert self._splitter is not None and info.poller is not None
+        self._call("before_split", info, error)
         self._splitter.split(
-            batch,
-            parent_message_id=delivery.message_id,
-            queue=self._config.pollers[batch.poller].queue,
-            subscription=subscription,
+            info.batch,
+            parent_message_id=info.delivery.message_id,
+            queue=info.poller.queue,
+            subscription=info.subscription,
         )
-        metrics.messages_split.add(1, self._attrs(batch.poller, subscription))
+        self._call("after_split", info)
+        self._call("after_delivery", info, Settle.SPLIT, error)
+        return Settle.SPLIT
+
+    def _call(self, point: str, *args: object) -> None:
+        for hook in self._hooks:
+            getattr(hook, point)(*args)
+
+    @staticmethod
+    def _context(info: DeliveryInfo) -> HandlerContext:
+        delivery = info.delivery
+        return HandlerContext(
+            poller=info.batch.poller,
+            message_id=delivery.message_id,
+            delivery_count=delivery.delivery_count,
+            enqueued_time=delivery.enqueued_time,
+            batch_id=info.batch.batch_id,
+            application_properties=dict(delivery.application_properties),
+            subscription=info.subscription,
+        )
 
     def _decode(self, delivery: Delivery) -> Batch:
         try:
@@ -196,18 +192,23 @@ class Worker:
                 extra=ids(message_id=delivery.message_id, delivery_count=delivery.delivery_count),
                 exc_info=True,
             )
-            metrics.failures.add(1, {"stage": "decode"})
+            for hook in self._hooks:
+                hook.rejected("decode", delivery, None)
             raise
 
-    def _handler(self, batch: Batch, delivery: Delivery, subscription: str | None) -> Handler:
+    def _handler(self, info: DeliveryInfo) -> Handler:
         try:
-            return self.handler_for(batch.poller, subscription)
+            return self.handler_for(info.batch.poller, info.subscription)
         except (ConfigError, EnvelopeError):
             keys = ids(
-                poller=batch.poller, subscription=subscription, batch_id=batch.batch_id, message_id=delivery.message_id
+                poller=info.batch.poller,
+                subscription=info.subscription,
+                batch_id=info.batch.batch_id,
+                message_id=info.delivery.message_id,
             )
             log.error("no handler for this message; it will reach the dead-letter queue", extra=keys, exc_info=True)
-            metrics.failures.add(1, {"stage": "handler-load", "poller": batch.poller})
+            for hook in self._hooks:
+                hook.rejected("handler-load", info.delivery, info)
             raise
 
     def _events(self, batch: Batch) -> list[RowChange]:
@@ -217,149 +218,16 @@ class Worker:
             return events  # the common case: no reference to swap, no call per event
         return [resolve(e) if is_claim(e) else e for e in events]
 
-    def _carry_out(
-        self, outcome: Settle, batch: Batch, delivery: Delivery, error: Exception | None, subscription: str | None
-    ) -> Settle:
-        keys = ids(
-            poller=batch.poller,
-            subscription=subscription,
-            batch_id=batch.batch_id,
-            message_id=delivery.message_id,
-            delivery_count=delivery.delivery_count,
-            events=len(batch.events),
-        )
-        attrs = self._attrs(batch.poller, subscription)
-        if outcome is Settle.COMPLETE:
-            metrics.events_handled.add(len(batch.events), attrs)
-            if recording():  # one observation per commit: skipped without a metrics SDK
-                self._observe_latency(batch, delivery, attrs)
-            if delivery.delivery_count > 1:  # an earlier delivery may have left a failure record
-                self._clear_failure(batch, delivery, subscription)
-            return outcome
-        metrics.deliveries_failed.add(1, attrs)
-        if outcome is Settle.SPLIT and self._splitter is not None:
-            # The error is logged before the singles go: if the split fails, the cause is on record.
-            log.warning(
-                "handler failed on a multi-event message; splitting it into single events",
-                extra={**keys, "error": repr(error)},
-                exc_info=error,
-            )
-            self._split(batch, delivery, subscription)
-            return outcome
-        log.warning(
-            "handler failed; the message will be retried, then dead-lettered",
-            extra={**keys, "error": repr(error)},
-            exc_info=error,
-        )
-        metrics.failures.add(1, {"stage": "handler", "poller": batch.poller})
-        cfg = self._config.pollers[batch.poller]
-        if delivery.delivery_count >= cfg.deliveries_for(subscription):  # the last: the broker quarantines it
-            metrics.events_dead_lettered.add(len(batch.events), attrs)
-        assert error is not None
-        self._record_failure(batch, delivery, subscription, error)  # before raising: it may be the last
-        where = f"poller {batch.poller}" + (f" subscription {subscription}" if subscription else "")
-        # The host logs this text on every failed delivery: scrubbed, and when the original text held
-        # a secret, without the original chained under it (its traceback is in the log line above).
-        raise HandlerError(
-            f"handler for {where} failed on message {delivery.message_id} "
-            f"(delivery {delivery.delivery_count}): {describe_error(error)}"
-        ) from safe_cause(error)
 
-    def _attrs(self, poller: str, subscription: str | None) -> dict[str, str]:
-        """Metric attributes: the poller, and where the worker received the message."""
-        cfg = self._config.pollers.get(poller)
-        attrs = {"poller": poller}
-        if cfg is not None:
-            attrs["queue"] = cfg.queue
-        if subscription is not None:
-            attrs["subscription"] = subscription
-        return attrs
-
-    def _observe_latency(self, batch: Batch, delivery: Delivery, attrs: dict[str, str]) -> None:
-        """``dbfanout.commit_to_handler``: one observation per source commit the delivery carried.
-
-        The events of one commit (a pg_logical transaction, the rows one read fetched) share their
-        commit time, so they reached the handler equally late: one observation stands for them all,
-        and ``dbfanout.events_handled`` counts the events. One per event would cost the Python SDK
-        about 3 µs each, a fifth of a no-op handler's whole cost per row (BENCHMARKS.md).
-        """
-        cfg = self._config.pollers[batch.poller]
-        now = time.time()
-        source_kind = _COMMIT_KIND.get(cfg.kind, "source")
-        cursor_is_commit_time = cfg.cursor_is_commit_time
-        zone = _zone(cfg.cursor_timezone) if cursor_is_commit_time else dt.UTC  # once, not per event
-        commits: dict[tuple[dt.datetime, str], None] = {}  # distinct (commit time, where it came from)
-        unknown = False  # an event whose commit time the source does not know
-        for event in batch.events:
-            if event.committed_at is not None:
-                commits[event.committed_at, source_kind] = None
-            elif cursor_is_commit_time and isinstance(event.cursor, dt.datetime):
-                cursor = event.cursor
-                commits[cursor if cursor.tzinfo else cursor.replace(tzinfo=zone), "cursor"] = None
-            else:
-                unknown = True
-        if unknown:  # the poller's read (or the broker's enqueue): one time for the whole message
-            when = batch.read_at if batch.read_at is not None else delivery.enqueued_time
-            if when is not None:
-                commits[when, "read" if batch.read_at is not None else "enqueued"] = None
-        record = metrics.commit_to_handler.record
-        for when, kind in commits:
-            record(max(0.0, now - when.timestamp()), {**attrs, "commit_time": kind})
-
-    def _record_failure(self, batch: Batch, delivery: Delivery, subscription: str | None, error: Exception) -> None:
-        """Leave this failure where ``dbfanout dlq`` finds it; never fails the delivery further."""
-        if self._failures is None:
-            return
-        cfg = self._config.pollers[batch.poller]
-        record = FailureRecord(
-            entity=entity_of(cfg.queue, subscription),
-            poller=batch.poller,
-            message_id=delivery.message_id,
-            delivery_count=delivery.delivery_count,
-            failed_at=dt.datetime.now(dt.UTC).isoformat(),
-            error_type=type(error).__name__,
-            error=describe_error(error),
-            event_ids=tuple(e.event_id for e in batch.events),
-            subscription=subscription,
-            dead_lettered=delivery.delivery_count >= cfg.deliveries_for(subscription),
-        )
-        try:
-            self._failures.record(record, delivery.body)
-        except Exception as exc:  # the reason is also in the log line; the delivery fails either way
-            log.warning(
-                "could not write the failure record; `dbfanout dlq peek` will not show this reason",
-                extra=ids(poller=batch.poller, message_id=delivery.message_id, error=repr(exc)),
-            )
-
-    def _clear_failure(self, batch: Batch, delivery: Delivery, subscription: str | None) -> None:
-        if self._failures is None:
-            return
-        try:
-            self._failures.clear(entity_of(self._config.pollers[batch.poller].queue, subscription), delivery.body)
-        except Exception as exc:  # a stale record is harmless: the lifecycle rule expires it
-            log.debug("could not delete a failure record", extra=ids(message_id=delivery.message_id, error=repr(exc)))
-
-
-#: How the commit time of a change-log source's events is labelled (``commit_time`` attribute).
-_COMMIT_KIND = {"pg_logical": "pg_commit", "mysql_binlog": "binlog_commit", "outbox": "outbox_created"}
-
-
-def _zone(name: str | None) -> dt.tzinfo:
-    """A naive temporal cursor's time zone (``cursor_timezone``), UTC when none is configured."""
-    if name is None:
-        return dt.UTC
-    from zoneinfo import ZoneInfo
-
-    return ZoneInfo(name)
-
-
-class FailureRecorder(Protocol):
-    """Where failed deliveries leave their reason (:class:`shared.failures.FailureStore`)."""
-
-    def record(self, record: FailureRecord, body: bytes) -> None: ...
-    def clear(self, entity: str, body: bytes) -> None: ...
-
-
-def entity_of(queue: str, subscription: str | None) -> str:
-    """The entity a message was received on, as operators name it: ``queue`` or ``topic/subscription``."""
-    return f"{queue}/{subscription}" if subscription is not None else queue
+def _handler_error(info: DeliveryInfo, error: Exception) -> HandlerError:
+    """What fails the delivery: the host logs this text on every failed delivery, so it is scrubbed,
+    and when the original text held a secret the original is not chained under it (its traceback is
+    in the hook's log line)."""
+    where = f"poller {info.batch.poller}" + (f" subscription {info.subscription}" if info.subscription else "")
+    delivery = info.delivery
+    exc = HandlerError(
+        f"handler for {where} failed on message {delivery.message_id} "
+        f"(delivery {delivery.delivery_count}): {describe_error(error)}"
+    )
+    exc.__cause__ = safe_cause(error)
+    return exc

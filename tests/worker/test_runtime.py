@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
 import pytest
@@ -15,10 +16,13 @@ from shared.codec import decode_batch
 from shared.errors import EnvelopeError, HandlerError
 from shared.models import Batch
 from tests.support.azurite import Azurite
-from tests.worker.support import QUEUE, Handler, Sent, batch, delivery, event, event_ids, make_worker
+from tests.worker.support import QUEUE, Handler, Sent, batch, delivery, event, event_ids, make_config, make_worker
+from worker.delivery import DeliveryInfo
 from worker.functions import batch_failure
-from worker.runtime import Delivery
+from worker.hooks import Hook
+from worker.runtime import Delivery, Worker
 from worker.settlement import Settle
+from worker.split import Splitter
 
 
 def test_success_completes_and_the_handler_sees_the_message_ids() -> None:
@@ -100,6 +104,30 @@ def test_a_single_event_is_never_split_it_fails_until_dead_lettered() -> None:
     assert sent.messages == []
 
 
+def test_the_last_failed_delivery_logs_the_dead_lettering_once_with_the_event_ids(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a single poison event on a queue that allows 3 deliveries (issue 40)
+    worker = make_worker(Handler(poison={"ev-0"}), sent=Sent(), max_delivery_count=3)
+    for count in (1, 2, 3):
+        caplog.clear()
+        # When delivery `count` fails
+        with caplog.at_level(logging.WARNING, "dbfanout"), pytest.raises(HandlerError):
+            worker.process(delivery(batch(1), delivery_count=count, message_id="m-9"))
+        dead = [r for r in caplog.records if "dead-lettered" in r.getMessage() and "retried" not in r.getMessage()]
+        retried = [r for r in caplog.records if "retried" in r.getMessage()]
+        if count < 3:
+            # Then the first two say it will be retried, and nothing says it is dead-lettered
+            assert (len(retried), dead) == (1, [])
+            continue
+        # Then the last one logs the dead-lettering once, at WARNING, with the event ids, and no retry
+        assert retried == []
+        (record,) = dead
+        assert record.levelno == logging.WARNING
+        assert record.event_ids == ["ev-0"]  # type: ignore[attr-defined]
+        assert (record.message_id, record.delivery_count, record.max_delivery_count) == ("m-9", 3, 3)  # type: ignore[attr-defined]
+
+
 def test_a_malformed_body_raises_an_envelope_error_and_logs_the_message_id(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.ERROR, "dbfanout"), pytest.raises(EnvelopeError):
         make_worker(Handler()).process(Delivery(body=b"{not json", message_id="m-bad", delivery_count=1))
@@ -173,3 +201,49 @@ def test_a_message_for_an_unknown_poller_fails_and_says_so(caplog: pytest.LogCap
         make_worker(Handler()).process(delivery(stranger, message_id="m-x"))
     (record,) = caplog.records
     assert record.message_id == "m-x" and record.exc_info is not None  # type: ignore[attr-defined]
+
+
+def test_a_hook_is_called_around_and_after_each_step_of_a_delivery() -> None:
+    # Given a hook that records the points it is called at
+    calls: list[str] = []
+
+    class Recording(Hook):
+        def delivery(self, info: DeliveryInfo) -> AbstractContextManager[object]:
+            calls.append(f"delivery {info.batch.batch_id} {info.queue}")
+            return nullcontext()
+
+        def after_handler(self, info: DeliveryInfo, seconds: float, error: Exception | None) -> None:
+            calls.append(f"after_handler {type(error).__name__}")
+
+        def before_split(self, info: DeliveryInfo, error: Exception | None) -> None:
+            calls.append("before_split")
+
+        def after_split(self, info: DeliveryInfo) -> None:
+            calls.append("after_split")
+
+        def after_delivery(self, info: DeliveryInfo, outcome: Settle, error: Exception | None) -> None:
+            calls.append(f"after_delivery {outcome.value} last={info.last}")
+
+    config = make_config()
+    worker = Worker(
+        config, splitter=Splitter(config, Sent()), handlers={"orders": Handler(poison={"ev-1"})}, hooks=[Recording()]
+    )
+    # When a one-event batch succeeds, then a two-event one fails on its first delivery, then on its second
+    worker.process(delivery(batch(1, "b-ok")))
+    with pytest.raises(HandlerError):
+        worker.process(delivery(batch(2, "b-bad")))
+    worker.process(delivery(batch(2, "b-bad"), delivery_count=2))
+    # Then the hook saw each step in order: complete; raise (not the last); split
+    assert calls == [
+        f"delivery b-ok {QUEUE}",
+        "after_handler NoneType",
+        "after_delivery complete last=False",
+        f"delivery b-bad {QUEUE}",
+        "after_handler ValueError",
+        "after_delivery raise last=False",
+        f"delivery b-bad {QUEUE}",
+        "after_handler ValueError",
+        "before_split",
+        "after_split",
+        "after_delivery split last=False",
+    ]
