@@ -27,7 +27,6 @@ from shared.messages import OutgoingMessage
 from shared.models import RowChange
 from shared.scrub import scrubbed_errors
 from shared.servicebus import LazyServiceBusClient, QueueSender
-from shared.settings import storage_connection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 from worker.runtime import Delivery, Worker
 from worker.split import Splitter
@@ -103,12 +102,11 @@ class WorkerApp:
         sender.send_all(messages)
 
     def _sender_for(self, queue: str) -> QueueSender | StorageQueueSender:
-        app = self.config.app
         if queue in self.config.topics():  # a topic poller's singles go back to its topic
             return QueueSender(self._bus(), queue, kind="topic")
-        if _transport(self.config, queue) == "storage-queue":
-            conn = storage_connection(self.config.settings, app.storage_queue_connection)
-            return StorageQueueSender(queue_service_client(conn).get_queue_client(queue))
+        if self.config.queue_transport(queue) == "storage-queue":
+            client = queue_service_client(self.config.connection("queue"))
+            return StorageQueueSender(client.get_queue_client(queue))
         return QueueSender(self._bus(), queue)
 
     @property
@@ -171,7 +169,7 @@ def worker_blueprint(
     names: dict[str, str] = {}  # function name -> the TOML key it came from
     for queue, pollers in config.queues().items():
         name = _claim_name(names, queue_function_name(queue), f"pollers.{pollers[0].name}.queue")
-        if _transport(config, queue) == "storage-queue":
+        if config.queue_transport(queue) == "storage-queue":
             queue_trigger = bp.queue_trigger(
                 arg_name="msg", queue_name=queue, connection=config.app.storage_queue_connection
             )
@@ -214,18 +212,6 @@ def _claim_name(names: dict[str, str], name: str, key: str) -> str:
         )
     names[name] = key
     return name
-
-
-def _transport(config: Config, queue: str) -> str:
-    """The transport of a queue; pollers sharing a queue must agree on it."""
-    transports = {p.transport for p in config.queues()[queue]}
-    if len(transports) > 1:
-        names = ", ".join(sorted(p.name for p in config.queues()[queue]))
-        raise ConfigError(
-            f"pollers.{config.queues()[queue][0].name}.transport",
-            f"pollers {names} share queue {queue} but not its transport",
-        )
-    return transports.pop()
 
 
 def _storage_queue(app: WorkerApp, queue: str) -> Callable[[func.QueueMessage], None]:

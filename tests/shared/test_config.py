@@ -203,3 +203,57 @@ def test_wake_notify_goes_with_a_linger_on_a_postgresql_table() -> None:
     orders = parse_config(data, {"ORDERS_DB_URL": "postgresql+psycopg://u@h/db"}).poller("orders")
     assert orders.wake == "notify"
     assert parse_config(_data(), {"ORDERS_DB_URL": "sqlite://"}).poller("orders").wake == "poll"
+
+
+@pytest.mark.parametrize(
+    ("table", "changes", "key", "suggestion"),
+    [
+        ("pollers", {"batch_sise": 100}, "pollers.orders.batch_sise", "batch_size"),
+        ("pollers", {"linger": 4}, "pollers.orders.linger", "linger_seconds"),
+        ("app", {"state_conection": "X"}, "app.state_conection", "state_connection"),
+    ],
+)
+def test_a_misspelled_key_is_named_with_the_key_it_resembles(
+    table: str, changes: dict[str, object], key: str, suggestion: str
+) -> None:
+    # Given a config with a misspelled key (issue 40)
+    data = _data()
+    target = data["app"] if table == "app" else data["pollers"]["orders"]  # type: ignore[index]
+    target.update(changes)  # type: ignore[union-attr]
+    # When it is parsed
+    with pytest.raises(ConfigError) as raised:
+        parse_config(data, {"ORDERS_DB_URL": "sqlite://"})
+    # Then the error names the key and suggests the close one, without listing every key
+    assert raised.value.key == key
+    assert f"did you mean {suggestion}" in str(raised.value)
+    assert "max_uncommitted_batches" not in str(raised.value) and "known keys" not in str(raised.value)
+
+
+def test_an_unknown_key_like_no_known_one_points_at_the_list_of_keys() -> None:
+    with pytest.raises(ConfigError, match="unknown key") as raised:
+        parse_config(_data(zzzz=1), {"ORDERS_DB_URL": "sqlite://"})
+    assert "did you mean" not in str(raised.value) and "Configure a poller" in str(raised.value)
+
+
+def test_pollers_sharing_a_queue_must_agree_on_its_transport_when_the_config_loads() -> None:
+    # Given two pollers on one queue, one of them over storage queues
+    data = _data()
+    data["pollers"]["other"] = {**data["pollers"]["orders"], "transport": "storage-queue"}  # type: ignore[index]
+    # When it is parsed, Then the config itself refuses it (not only the worker's indexing)
+    with pytest.raises(ConfigError, match="share queue orders-changes but not its transport"):
+        parse_config(data, {"ORDERS_DB_URL": "sqlite://"})
+
+
+def test_each_connection_is_looked_up_from_the_setting_its_app_key_names() -> None:
+    # Given an app whose storage-queue transport has its own account, and no Service Bus setting
+    data = _data()
+    data["app"]["queue_connection"] = "QUEUES"  # type: ignore[index]
+    settings = {"ORDERS_DB_URL": "sqlite://", "DBFANOUT_STATE": "state-conn", "QUEUES": "queue-conn"}
+    config = parse_config(data, settings)
+    # Then state and queue come from their settings, and a missing one is named
+    assert config.connection("state").connection_string == "state-conn"
+    assert config.connection("queue").connection_string == "queue-conn"
+    assert config.connection_string("servicebus") == ""
+    with pytest.raises(ConfigError) as raised:
+        config.connection("servicebus")
+    assert raised.value.key == "DBFANOUT_SERVICEBUS"
