@@ -65,7 +65,7 @@ import sqlalchemy as sa
 
 from poller.snapshot.chunks import BaseChunkReader, Chunk
 from poller.snapshot.requests import KIND_WATERMARK, request_params
-from poller.sources.keyset.source import fetch_tuples
+from poller.sql import fetch_tuples
 from shared.codec import dumps, encode_value
 from shared.config import PollerConfig
 from shared.errors import ConfigError, SourceError

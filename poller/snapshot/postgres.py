@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from poller.snapshot.chunks import BaseChunkReader
 from poller.snapshot.requests import KIND_WATERMARK, request_params
-from poller.sources.keyset.source import fetch_tuples
+from poller.sql import fetch_tuples
 from shared.config import PollerConfig
 from shared.errors import SourceError
 
