@@ -58,13 +58,13 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 import sqlalchemy as sa
 
 from poller.snapshot.chunks import BaseChunkReader, Chunk
-from poller.snapshot.requests import KIND_WATERMARK, request_params
+from poller.snapshot.requests import KIND_WATERMARK, Request, request_params
 from poller.sql import fetch_tuples
 from shared.codec import dumps, encode_value
 from shared.config import PollerConfig
@@ -147,17 +147,10 @@ def mysql_signal_sql(config: PollerConfig) -> list[str]:
     ]
 
 
-def mysql_request_statement(
-    config: PollerConfig,
-    *,
-    tables: Sequence[str] | None = None,
-    where: str | None = None,
-    chunk_size: int | None = None,
-    cancel: bool = False,
-) -> tuple[sa.TextClause, dict[str, Any]]:
+def mysql_request_statement(config: PollerConfig, **request: Unpack[Request]) -> tuple[sa.TextClause, dict[str, Any]]:
     """:func:`poller.snapshot.postgres.request_statement` for MySQL/MariaDB: the same row (one per poller, a
     new request replaces one not yet started), written with ``INSERT ... ON DUPLICATE KEY UPDATE``."""
-    params = request_params(config, tables=tables, where=where, chunk_size=chunk_size, cancel=cancel)
+    params = request_params(config, **request)
     return _upsert(config), params
 
 

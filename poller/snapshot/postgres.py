@@ -10,12 +10,12 @@ the signal table's DDL (:func:`signal_sql`) and a request row's upsert (:func:`r
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import sqlalchemy as sa
 
 from poller.snapshot.chunks import BaseChunkReader
-from poller.snapshot.requests import KIND_WATERMARK, request_params
+from poller.snapshot.requests import KIND_WATERMARK, Request, request_params
 from poller.sql import fetch_tuples
 from shared.config import PollerConfig
 from shared.errors import SourceError
@@ -83,20 +83,13 @@ _UPSERT = (
 )
 
 
-def request_statement(
-    config: PollerConfig,
-    *,
-    tables: Sequence[str] | None = None,
-    where: str | None = None,
-    chunk_size: int | None = None,
-    cancel: bool = False,
-) -> tuple[sa.TextClause, dict[str, Any]]:
+def request_statement(config: PollerConfig, **request: Unpack[Request]) -> tuple[sa.TextClause, dict[str, Any]]:
     """The statement (and its parameters) that asks a running poller for a snapshot, or cancels it.
 
     One row per poller (a new request replaces one not yet started); the poller reads it from its
     slot, in order with the changes.
     """
-    params = request_params(config, tables=tables, where=where, chunk_size=chunk_size, cancel=cancel)
+    params = request_params(config, **request)
     return sa.text(_UPSERT.format(table=quote_table(config.signal_table))), params
 
 

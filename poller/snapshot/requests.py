@@ -14,33 +14,37 @@ import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from poller.snapshot.chunks import chunk_size, qualified
 from shared.codec import dumps, loads
 from shared.config import PollerConfig
 from shared.models import SnapshotState
 
-__all__ = ["KIND_REQUEST", "KIND_WATERMARK", "apply_request", "request_params", "signal_of"]
+__all__ = ["KIND_REQUEST", "KIND_WATERMARK", "Request", "apply_request", "request_params", "signal_of"]
 
 KIND_WATERMARK = "watermark"
 KIND_REQUEST = "request"
 
 
-def request_params(
-    config: PollerConfig,
-    *,
-    tables: Sequence[str] | None = None,
-    where: str | None = None,
-    chunk_size: int | None = None,
-    cancel: bool = False,
-) -> dict[str, Any]:
+class Request(TypedDict, total=False):
+    """What a ``dbfanout snapshot`` asks: its tables (None: all the poller's), a condition, a chunk
+    size (None: the poller's), or a cancel of the running snapshot."""
+
+    tables: Sequence[str] | None
+    where: str | None
+    chunk_size: int | None
+    cancel: bool
+
+
+def request_params(config: PollerConfig, **request: Unpack[Request]) -> dict[str, Any]:
     """A request row's values (a new id each time), whatever the database's upsert looks like."""
-    data: dict[str, Any] = {"action": "cancel"} if cancel else {
+    tables = request.get("tables")
+    data: dict[str, Any] = {"action": "cancel"} if request.get("cancel") else {
         "action": "snapshot",
         "tables": list(tables) if tables else None,
-        "where": where,
-        "chunk_size": chunk_size,
+        "where": request.get("where"),
+        "chunk_size": request.get("chunk_size"),
     }  # fmt: skip
     return {"poller": config.name, "kind": KIND_REQUEST, "id": uuid.uuid4().hex, "data": dumps(data).decode()}
 
