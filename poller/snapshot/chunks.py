@@ -2,7 +2,7 @@
 
 The algorithm is run by :mod:`poller.snapshot.coordinator` for every change log (``pg_logical``,
 ``mysql_binlog``); this module holds what every database shares: the snapshot's state
-(:func:`initial_state`, :func:`chunk_size`), :class:`Chunk`, and :class:`BaseChunkReader`, the chunk
+(:class:`Chunk`, and :class:`BaseChunkReader`, the chunk
 read every database runs (keyset on the primary key, the request's condition, the high watermark's
 commit), whose SQL is each database's (:mod:`poller.snapshot.postgres`, :mod:`poller.snapshot.mysql`).
 The signal table's rows (requests, watermarks) are :mod:`poller.snapshot.requests`. What follows
@@ -74,12 +74,8 @@ from shared.errors import SourceError
 from shared.models import SnapshotState
 
 __all__ = [
-    "CHUNK_MAX_ROWS",
-    "CHUNK_PAGES",
     "BaseChunkReader",
     "Chunk",
-    "chunk_size",
-    "initial_state",
     "qualified",
     "within",
 ]
@@ -97,36 +93,6 @@ def within(start: Any, scanned_to: Any, position: Any) -> bool:
 def qualified(table: str) -> str:
     """``orders`` → ``public.orders`` (how the log names a table by default: PostgreSQL's schema)."""
     return table if "." in table else f"public.{table}"
-
-
-#: The default chunk: this many pages (``batch_size`` rows each), at most CHUNK_MAX_ROWS rows (at
-#: least one page). A chunk costs a select, a watermark and a peek of the slot whatever its size;
-#: its pages then come out of memory (with a peek before each only when the log grew meanwhile).
-CHUNK_PAGES = 4
-CHUNK_MAX_ROWS = 20_000
-
-
-def chunk_size(config: PollerConfig, requested: Any = None) -> int:
-    """Rows a chunk reads: the request's, else ``snapshot_chunk_size``, else :data:`CHUNK_PAGES` pages."""
-    if isinstance(requested, int) and not isinstance(requested, bool) and requested > 0:
-        return requested
-    if config.snapshot_chunk_size:
-        return config.snapshot_chunk_size
-    return max(config.batch_size, min(CHUNK_PAGES * config.batch_size, CHUNK_MAX_ROWS))
-
-
-def initial_state(
-    config: PollerConfig, now: dt.datetime, estimate: int | None, *, qualify: Callable[[str], str] = qualified
-) -> SnapshotState:
-    """``snapshot = "initial"``: every table of the poller, from its start (``qualify``: how the
-    log names a table; PostgreSQL's ``public.`` by default)."""
-    return SnapshotState(
-        id="initial",
-        tables=tuple(qualify(t) for t in config.tables),
-        chunk_size=chunk_size(config),
-        estimate=estimate,
-        started_at=now,
-    )
 
 
 @dataclass(eq=False)
@@ -321,17 +287,10 @@ class BaseChunkReader(ABC):
         """
         table = state.tables[0]
         pk = self.pk(table)
-        conditions: list[str] = []
         chunk_id = chunk_id or uuid.uuid4().hex
         size = min(limit or state.chunk_size, state.chunk_size)
-        params: dict[str, Any] = {"n": size + 1}
-        if state.last_key is not None:
-            conditions.append(self._after_key(pk))
-            params.update({f"k{i}": state.last_key[p] for i, p in enumerate(pk)})
-        if state.where:
-            fragment, bound = where_sql(state.where, self.columns(table), self._dialect)
-            conditions.append(f"({fragment})")
-            params.update(bound)
+        conditions, params = self._conditions(state, pk)
+        params["n"] = size + 1
         conn.rollback()  # whatever the connection did before (a peek): the chunk's transactions start now
         try:
             selected = self._select(conn, table, pk, conditions, params, chunk_id)
@@ -368,6 +327,20 @@ class BaseChunkReader(ABC):
     def commit_watermark(self, conn: sa.Connection, chunk: Chunk) -> None:
         """Commit the chunk's transaction: its high watermark (when it has rows) enters the log here."""
         conn.commit()
+
+    def _conditions(self, state: SnapshotState, pk: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+        """The chunk's conditions and their binds: after the last key read, and the request's
+        ``where`` (parsed, never pasted: raises WhereRefused)."""
+        conditions: list[str] = []
+        params: dict[str, Any] = {}
+        if state.last_key is not None:
+            conditions.append(self._after_key(pk))
+            params.update({f"k{i}": state.last_key[p] for i, p in enumerate(pk)})
+        if state.where:
+            fragment, bound = where_sql(state.where, self.columns(state.tables[0]), self._dialect)
+            conditions.append(f"({fragment})")
+            params.update(bound)
+        return conditions, params
 
     # ------------------------------------------------------------------------------ each database's SQL
 

@@ -33,10 +33,10 @@ from typing import Any, Generic
 import sqlalchemy as sa
 
 from poller.ports import EventFields, Page, SourceRow
-from poller.snapshot.chunks import Chunk, initial_state
+from poller.snapshot.chunks import Chunk
 from poller.snapshot.contracts import C, ChunkSource, LogReader
 from poller.snapshot.reads import Ahead, ChunkReads, ChunkStopped
-from poller.snapshot.requests import KIND_REQUEST, KIND_WATERMARK, apply_request
+from poller.snapshot.requests import KIND_REQUEST, KIND_WATERMARK, apply_request, initial_state
 from poller.snapshot.where import WhereRefused
 from shared.config import PollerConfig
 from shared.logs import get_logger, ids

@@ -1,11 +1,13 @@
-"""The signal table's rows: snapshot requests and cancels, and a chunk's high watermark.
+"""What a snapshot is asked: the signal table's rows (requests, cancels, a chunk's high watermark),
+the initial snapshot of the configuration, and the chunk size either gives.
 
 Requests (``dbfanout snapshot``) are rows of the poller's signal table, like the watermarks its
 chunk reads write (:mod:`poller.snapshot.chunks`): they arrive through the log, in order with the
 changes, and never race the poller's own state writes. This module reads them as the log carries
 them (:func:`signal_of`), turns a request into the snapshot's next state (:func:`apply_request`)
-and gives a request row's values (:func:`request_params`); each database's upsert of them is its
-own (:mod:`poller.snapshot.postgres`, :mod:`poller.snapshot.mysql`).
+and gives a request row's values (:func:`request_params`); ``snapshot = "initial"`` is the
+configuration's request (:func:`initial_state`). Each database's upsert of a request is its own
+(:mod:`poller.snapshot.postgres`, :mod:`poller.snapshot.mysql`).
 """
 
 from __future__ import annotations
@@ -16,15 +18,56 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypedDict, Unpack
 
-from poller.snapshot.chunks import chunk_size, qualified
+from poller.snapshot.chunks import qualified
 from shared.codec import dumps, loads
 from shared.config import PollerConfig
 from shared.models import SnapshotState
 
-__all__ = ["KIND_REQUEST", "KIND_WATERMARK", "Request", "apply_request", "request_params", "signal_of"]
+__all__ = [
+    "CHUNK_MAX_ROWS",
+    "CHUNK_PAGES",
+    "KIND_REQUEST",
+    "KIND_WATERMARK",
+    "Request",
+    "apply_request",
+    "chunk_size",
+    "initial_state",
+    "request_params",
+    "signal_of",
+]
 
 KIND_WATERMARK = "watermark"
 KIND_REQUEST = "request"
+
+
+#: The default chunk: this many pages (``batch_size`` rows each), at most CHUNK_MAX_ROWS rows (at
+#: least one page). A chunk costs a select, a watermark and a peek of the slot whatever its size;
+#: its pages then come out of memory (with a peek before each only when the log grew meanwhile).
+CHUNK_PAGES = 4
+CHUNK_MAX_ROWS = 20_000
+
+
+def chunk_size(config: PollerConfig, requested: Any = None) -> int:
+    """Rows a chunk reads: the request's, else ``snapshot_chunk_size``, else :data:`CHUNK_PAGES` pages."""
+    if isinstance(requested, int) and not isinstance(requested, bool) and requested > 0:
+        return requested
+    if config.snapshot_chunk_size:
+        return config.snapshot_chunk_size
+    return max(config.batch_size, min(CHUNK_PAGES * config.batch_size, CHUNK_MAX_ROWS))
+
+
+def initial_state(
+    config: PollerConfig, now: dt.datetime, estimate: int | None, *, qualify: Callable[[str], str] = qualified
+) -> SnapshotState:
+    """``snapshot = "initial"``: every table of the poller, from its start (``qualify``: how the
+    log names a table; PostgreSQL's ``public.`` by default)."""
+    return SnapshotState(
+        id="initial",
+        tables=tuple(qualify(t) for t in config.tables),
+        chunk_size=chunk_size(config),
+        estimate=estimate,
+        started_at=now,
+    )
 
 
 class Request(TypedDict, total=False):
