@@ -47,10 +47,8 @@ import sqlalchemy as sa
 sys.path.insert(0, os.environ.get("DBFANOUT_BENCH_CODE") or str(Path(__file__).resolve().parents[1]))
 
 from poller.sinks.queue import QueueSink
-from poller.sources.keyset.source import (
-    _RAW_CURSOR,
-    SqlSource,
-)
+from poller.sources.keyset.resolve import RAW_CURSOR as _RAW_CURSOR
+from poller.sources.keyset.source import SqlSource
 from poller.state.blob import open_state_store
 from poller.state.memory import MemoryStateStore
 from poller.tick.lifecycle import run_tick

@@ -40,7 +40,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from poller.snapshot.chunks import chunk_size
+from poller.snapshot.requests import chunk_size
 from poller.sources.keyset.source import SqlSource
 from poller.sources.pg_logical.source import PgLogicalSource
 from poller.state.memory import MemoryStateStore

@@ -58,7 +58,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 import sqlalchemy as sa
 from bench_poller import DEPTH, build_table, drop_table, poller_config
 
-from poller.sources.keyset.source import _RAW_CURSOR, SqlSource
+from poller.sources.keyset.resolve import RAW_CURSOR as _RAW_CURSOR
+from poller.sources.keyset.source import SqlSource
 from poller.state.blob import open_state_store
 from poller.tick.lifecycle import run_tick
 from shared.config import PollerConfig

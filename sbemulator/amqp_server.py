@@ -84,11 +84,6 @@ class AmqpServer:
         self._send_ptr = _ffi.from_buffer(self._send_buf)
         self._send_view = memoryview(self._send_buf)
 
-    @property
-    def connection_count(self) -> int:
-        """Open client connections."""
-        return len(self._conns)
-
     def wake(self) -> None:
         """Make the loop run its timers/dispatch now (thread-safe)."""
         with contextlib.suppress(OSError):

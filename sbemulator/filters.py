@@ -64,11 +64,6 @@ class MessageView:
 Predicate = Callable[[MessageView], bool]
 
 
-def true_filter(view: MessageView) -> bool:
-    """The ``$Default`` rule: every message matches."""
-    return True
-
-
 @dataclass(frozen=True, slots=True)
 class CorrelationFilter:
     """Every given system property and application property must be equal."""

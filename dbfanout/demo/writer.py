@@ -122,10 +122,6 @@ class SourceWriter:
         _, before, last = marks[at - 1]
         return min(before + seq + 1, last)
 
-    def version_at(self, moment: float) -> int:
-        """The last version written at or before the monotonic time ``moment``."""
-        return bisect.bisect_right(self._written_at, moment)
-
     def _run(self) -> None:
         started = time.monotonic()
         try:

@@ -6,9 +6,12 @@ predicate (:mod:`poller.sources.keyset.plan`), the settle window and the xid hor
 (:mod:`poller.sources.keyset.late_commits`).
 
 Lifecycle: the constructor only checks the configuration (no connection). The first ``fetch``
-resolves the source (reflects the table, or checks the query's output columns), finds the cursor's
-kind from its first non-NULL value, and builds the two SELECTs (first page; page after a position)
-once, with bind parameters. A table with no cursor values yet returns empty pages until it has one.
+resolves the source (reflects the table, or checks the query's output columns:
+:mod:`poller.sources.keyset.resolve`), finds the cursor's kind from its first non-NULL value, and
+builds the two SELECTs (first page; page after a position) once, with bind parameters
+(:mod:`poller.sources.keyset.statements`); each page runs one of them
+(:mod:`poller.sources.keyset.pages`). A table with no cursor values yet returns empty pages until it
+has one. This module is the port over them: connections, migrations (re-plans), NULL cursors, errors.
 
 Migrations (``ALTER TABLE``): a table's pages select ``*``, and each result's description is
 checked against the shape the plan was made for (:mod:`poller.sources.keyset.table_shape`, at no extra query).
@@ -36,35 +39,20 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlalchemy as sa
 
-from poller.ports import KeysetColumns, Page, SourceRow
+from poller.ports import Page, SourceRow
 from poller.sources.engines import db_errors, driver_message, is_transient, retry_disconnect, source_engine
-from poller.sources.keyset.late_commits import mysql_timezone_probe, settle_predicate, xid_horizon
-from poller.sources.keyset.plan import (
-    CursorKind,
-    after_predicate,
-    classify,
-    index_gap,
-    predicate_style,
-    sqlite_declared_kind,
-)
-from poller.sources.keyset.table_shape import (
-    RUNBOOK,
-    ResultShape,
-    TableShape,
-    description_signature,
-    key_change,
-    type_family,
-    value_family,
-)
+from poller.sources.keyset.pages import ShapeChanged, bind, read_page
+from poller.sources.keyset.plan import predicate_style
+from poller.sources.keyset.resolve import ROLES, Resolved, needed, resolve
+from poller.sources.keyset.statements import Plan, Planner
+from poller.sources.keyset.table_shape import RUNBOOK, TableShape, key_change, type_family
 from shared.config import PollerConfig
 from shared.errors import ConfigError, CursorError, FetchError, SchemaChangeError
 from shared.ids import source_fingerprint
@@ -77,44 +65,8 @@ __all__ = ["SqlSource"]
 log = get_logger("poller.source")
 T = TypeVar("T")
 
-_RAW_CURSOR = "__dbfanout_cursor"
-_SUBQUERY = "dbfanout_src"
 #: Re-plans one fetch may make when the table changes under it (each after a re-reflection).
 REPLANS_PER_FETCH = 3
-# A needed column's setting -> how an error names its role.
-_ROLES = {"cursor": "cursor", "pk": "pk", "soft_delete_column": "soft-delete", "xid_column": "xid"}
-
-
-@dataclass(frozen=True, slots=True)
-class _Resolved:
-    """The source as a FROM clause, with the expressions the keyset compares."""
-
-    from_: sa.FromClause
-    cursor: sa.ColumnElement[Any]  # as compared (raw text on SQLite)
-    pk: tuple[sa.ColumnElement[Any], ...]
-    columns: tuple[sa.ColumnElement[Any], ...]  # what a page selects (``*``)
-    raw_extra: bool  # SQLite: the compared cursor is also selected, raw, as _RAW_CURSOR
-    sqlite_declared: str | None
-    filter: sa.ColumnElement[bool] | None
-    shape: TableShape | None  # table mode: the columns as reflected (None: a query's are its own)
-
-
-@dataclass(slots=True)
-class _Plan:
-    kind: CursorKind
-    first: sa.Select[Any]
-    after: sa.Select[Any]
-    family: str  # the cursor values' type family (poller.sources.keyset.table_shape.value_family)
-    unprocessed: str | None  # a column read raw (SQLite text timestamps: converted by the kind)
-    result: ResultShape | None = None  # set by the first result read with this plan (table mode)
-
-
-class _ShapeChanged(Exception):
-    """A page's result is not in the shape its plan was made for (internal: the fetch re-plans)."""
-
-    def __init__(self, value: Any = None, *, by_value: bool = False) -> None:
-        super().__init__()
-        self.value, self.by_value = value, by_value
 
 
 class SqlSource:
@@ -143,10 +95,9 @@ class SqlSource:
                 "xid_column": config.xid_column,
             }
         )
-        self._resolved: _Resolved | None = None
-        self._plan: _Plan | None = None
-        self._probe: tuple[_Resolved, sa.Select[Any]] | None = None  # see _probe_of
-        self._kind: CursorKind | None = None  # the cursor's kind since the first plan (a change is an error)
+        self._resolved: Resolved | None = None
+        self._plan: Plan | None = None
+        self._planner = Planner(config, self._dialect, self._tz, self._warn_once)
         self._index_warning: str | None = None
         self._null_count = 0
         self._null_checked_at: float | None = None
@@ -230,10 +181,14 @@ class SqlSource:
             resolved = self._resolve(conn)
             try:
                 plan = self._plan or self._make_plan(conn, resolved)
-                fetched = self._rows(conn, resolved, plan, after, limit) if plan is not None else ([], _no_row, None)
+                fetched = (
+                    read_page(conn, self._config, resolved, plan, after, limit, self._warn_once)
+                    if plan is not None
+                    else ([], _no_row, None)
+                )
                 break
-            except _ShapeChanged as changed:
-                cause: sa.exc.DBAPIError | _ShapeChanged = changed
+            except ShapeChanged as changed:
+                cause: sa.exc.DBAPIError | ShapeChanged = changed
             except sa.exc.DBAPIError as exc:  # a column the statement names may be gone
                 if resolved.shape is None or is_transient(exc):
                     raise
@@ -251,7 +206,7 @@ class SqlSource:
         self._check_nulls(conn, resolved, short=len(tuples) < limit)
         return Page(tuples=tuples, make_row=make_row, columns=columns, skipped_null_cursors=self._null_count)
 
-    def _replan(self, conn: sa.Connection, before: _Resolved, cause: sa.exc.DBAPIError | _ShapeChanged) -> None:
+    def _replan(self, conn: sa.Connection, before: Resolved, cause: sa.exc.DBAPIError | ShapeChanged) -> None:
         """Reflect the table again after ``cause``; the next read is planned for its new shape.
 
         Raises the statement's own error when the table did not change (bad SQL in ``filter``),
@@ -270,9 +225,10 @@ class SqlSource:
                 self._resolved = before
                 raise cause
             if cause.by_value:
+                kind = self._planner.kind
                 raise CursorError(
                     f"cursor column {self._config.cursor!r} (poller {self._config.name}) holds {cause.value!r} "
-                    f"among {self._kind.kind if self._kind else 'other'} values; they cannot be ordered together",
+                    f"among {kind.kind if kind else 'other'} values; they cannot be ordered together",
                     hint="keep one type in the cursor column (SQLite stores what it is given)",
                 )
         else:
@@ -291,10 +247,10 @@ class SqlSource:
     def _check_key_types(self, before: TableShape, now: TableShape) -> None:
         """A cursor or key column may widen (int -> bigint), never change its family (int -> text)."""
         old, new = before.types(), now.types()
-        for key, name in self._needed()[: 1 + len(self._config.pk)]:
+        for key, name in needed(self._config)[: 1 + len(self._config.pk)]:
             if type_family(old[name]) != type_family(new[name]):
                 change = f"changed the type ({old[name]!r} -> {new[name]!r}) of"
-                raise key_change(self._config.name, str(self._config.table), _ROLES[key], name, change)
+                raise key_change(self._config.name, str(self._config.table), ROLES[key], name, change)
 
     def _still_failing(self, exc: sa.exc.DBAPIError) -> SchemaChangeError:
         return SchemaChangeError(
@@ -343,12 +299,12 @@ class SqlSource:
             return None
         if after is None:
             return plan.first, {"dbf_limit": limit}
-        return plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)}
+        return plan.after, {"dbf_limit": limit, **bind(self._config, plan.kind, after)}
 
     def describe(self) -> dict[str, Any]:
         """What the source resolved to, for ``dbfanout validate`` (connects on first use)."""
 
-        def plan_of(conn: sa.Connection) -> _Plan | None:
+        def plan_of(conn: sa.Connection) -> Plan | None:
             return self._plan or self._make_plan(conn, self._resolve(conn))
 
         with self._db_errors("describe"):
@@ -364,251 +320,30 @@ class SqlSource:
             "pk": list(cfg.pk),
             "cursor_kind": plan.kind.kind if plan else None,
             "predicate": predicate_style(self._dialect),
-            "settle": self._settle_text(plan.kind if plan else None),
+            "settle": self._planner.settle_text(plan.kind if plan else None),
             "xid_horizon": cfg.xid_column,
             "null_cursor": cfg.null_cursor,
             "index_warning": self._index_warning,
             "fingerprint": self._fingerprint,
         }
 
-    # ------------------------------------------------------------------------------ resolving
+    # ------------------------------------------------------------------------------ resolving & planning
 
-    def _resolve(self, conn: sa.Connection, *, changed: bool = False) -> _Resolved:
+    def _resolve(self, conn: sa.Connection, *, changed: bool = False) -> Resolved:
         """The source as reflected (once; again after a migration: ``changed``)."""
         if self._resolved is None:
-            self._resolved = self._resolve_table(conn, changed) if self._config.table else self._resolve_query(conn)
+            self._resolved = resolve(conn, self._config, changed=changed)
+            if self._config.table:
+                self._index_warning = self._resolved.index_warning
         return self._resolved
 
-    def _needed(self) -> list[tuple[str, str]]:
-        cfg = self._config
-        needed = [("cursor", cfg.cursor)] + [("pk", c) for c in cfg.pk]
-        needed += [(k, v) for k, v in (("soft_delete_column", cfg.soft_delete_column),
-                                       ("xid_column", cfg.xid_column)) if v]  # fmt: skip
-        return needed
-
-    def _check_columns(self, present: list[str], where: str, *, changed: bool = False) -> None:
-        """Each needed column is in ``present``: else a ConfigError, or SchemaChangeError when ``changed``
-        (a migration renamed or dropped it under a running poller)."""
-        for key, name in self._needed():
-            if name in present:
-                continue
-            if changed:
-                raise key_change(self._config.name, str(self._config.table), _ROLES[key], name, "renamed or dropped")
-            near = [p for p in present if p.lower() == name.lower()]
-            hint = f"did you mean {near[0]!r}? (names are case-sensitive)" if near else None
-            migrated = f"; if a migration renamed or dropped it: {RUNBOOK}" if self._config.table else ""
-            raise ConfigError(
-                f"{self._key}.{key}",
-                f"column {name!r} is not in {where} (it has: {', '.join(present)}){migrated}",
-                hint=hint,
-            )
-
-    def _resolve_table(self, conn: sa.Connection, changed: bool = False) -> _Resolved:
-        assert self._config.table is not None
-        schema, _, name = self._config.table.rpartition(".")
-        try:
-            with warnings.catch_warnings():  # unknown types (xid8, ...) reflect as NullType: values pass raw
-                warnings.filterwarnings("ignore", "Did not recognize type", sa.exc.SAWarning)
-                table = sa.Table(name, sa.MetaData(), schema=schema or None, autoload_with=conn)
-        except sa.exc.NoSuchTableError:
-            raise ConfigError(
-                f"{self._key}.table", f"table {self._config.table!r} does not exist in {self._url}"
-            ) from None
-        self._check_columns([c.name for c in table.columns], f"table {self._config.table!r}", changed=changed)
-        self._index_warning = index_gap(conn, table, list(dict.fromkeys([self._config.cursor, *self._config.pk])))
-        if self._index_warning:
-            log.warning(self._index_warning, extra=ids(poller=self._config.name))
-        column = table.c[self._config.cursor]
-        sqlite = self._dialect == "sqlite"
-        # On SQLite the cursor is compared, ordered and checkpointed as the raw stored value.
-        cursor = sa.type_coerce(column, sa.String()) if sqlite else column
-        return _Resolved(
-            from_=table,
-            cursor=cursor,
-            pk=tuple(table.c[p] for p in self._config.pk),
-            columns=(sa.literal_column("*"),),  # the table's columns at each read: a migration shows at once
-            raw_extra=sqlite,
-            sqlite_declared=sqlite_declared_kind(column.type) if sqlite else None,
-            filter=self._filter(),
-            shape=TableShape.of(table),
-        )
-
-    def _resolve_query(self, conn: sa.Connection) -> _Resolved:
-        assert self._config.query is not None
-        names = [n for _, n in self._needed()]
-        sub = sa.text(self._config.query).columns(*(sa.column(n) for n in dict.fromkeys(names))).subquery(_SUBQUERY)
-        probe: sa.Select[Any] = sa.select(sa.literal_column("*")).select_from(sub).limit(0)
-        present = list(conn.execute(probe).keys())
-        self._check_columns(present, "the query's output")
-        return _Resolved(
-            from_=sub,
-            cursor=sub.c[self._config.cursor],
-            pk=tuple(sub.c[p] for p in self._config.pk),
-            columns=(sa.literal_column("*"),),
-            raw_extra=False,
-            sqlite_declared=None,
-            filter=self._filter(),
-            shape=None,
-        )
-
-    def _filter(self) -> sa.ColumnElement[bool] | None:
-        return sa.text(f"({self._config.filter})") if self._config.filter else None  # type: ignore[return-value]
-
-    # ------------------------------------------------------------------------------ planning
-
-    def _make_plan(self, conn: sa.Connection, r: _Resolved) -> _Plan | None:
-        sample = conn.execute(self._probe_of(r)).scalar()
-        if sample is None:
-            return None  # no cursor values yet: nothing to order
-        kind = classify(sample, self._config.cursor, sqlite_declared=r.sqlite_declared, tz=self._tz)
-        if self._kind is not None and kind.kind != self._kind.kind:
-            change = f"changed the values ({self._kind.kind} -> {kind.kind}) of"
-            where = str(self._config.table or "query")
-            raise key_change(self._config.name, where, "cursor", self._config.cursor, change)
-        self._kind = kind
-        self._check_server_timezone(conn, kind)
-        self._warn_kind(kind)
-        cfg = self._config
-        base: list[sa.ColumnElement[bool]] = []
-        if r.filter is not None:
-            base.append(r.filter)
-        settle = settle_predicate(r.cursor, self._dialect, kind, cfg.settle_seconds, cfg.name)
-        if settle is not None:
-            base.append(settle)
-        if cfg.xid_column:
-            base.append(xid_horizon(r.from_.c[cfg.xid_column]))
-        keys = [r.cursor, *r.pk]
-        params = [sa.bindparam(f"k{i}", type_=k.type) for i, k in enumerate(keys)]
-        seek = after_predicate(keys, params, predicate_style(self._dialect))
-        columns = r.columns
-        unprocessed = None
-        if r.raw_extra:  # the compared (raw) cursor rides along; a text timestamp is not parsed twice
-            columns = (*columns, r.cursor.label(_RAW_CURSOR))
-            unprocessed = cfg.cursor if kind.kind in ("text_datetime", "text_date") else None
-        select = sa.select(*columns).select_from(r.from_).order_by(*keys).limit(sa.bindparam("dbf_limit"))
-        self._plan = _Plan(
-            kind=kind,
-            first=select.where(r.cursor.is_not(None), *base),
-            after=select.where(seek, *base),
-            family=value_family(sample),
-            unprocessed=unprocessed,
-        )
+    def _make_plan(self, conn: sa.Connection, r: Resolved) -> Plan | None:
+        self._plan = self._planner.plan(conn, r)
         return self._plan
-
-    def _probe_of(self, r: _Resolved) -> sa.Select[Any]:
-        """The first cursor value's SELECT, built once per resolved shape: a table with no cursor
-        values yet runs it at every tick, and building it cost more than running it."""
-        if self._probe is None or self._probe[0] is not r:
-            select = sa.select(r.cursor).select_from(r.from_).where(r.cursor.is_not(None))
-            self._probe = (r, select.order_by(r.cursor).limit(1))
-        return self._probe[1]
-
-    def _check_server_timezone(self, conn: sa.Connection, kind: CursorKind) -> None:
-        probe = mysql_timezone_probe(kind) if self._dialect in ("mysql", "mariadb") else None
-        if probe is not None and self._config.settle_seconds > 0 and conn.execute(sa.text(probe)).scalar() is None:
-            raise ConfigError(
-                f"{self._key}.cursor_timezone",
-                f"the server cannot convert to {self._config.cursor_timezone!r} (its time zone tables are empty)",
-                hint="load them with mariadb-tzinfo-to-sql, or store UTC and set cursor_timezone = 'UTC'",
-            )
-
-    def _warn_kind(self, kind: CursorKind) -> None:
-        cfg = self._config
-        if kind.kind == "float":
-            self._warn_once(
-                "float",
-                "cursor %r is a float: equal-looking values may compare unequal and updates within its "
-                "precision collapse (W7); prefer an integer or timestamp",
-                cfg.cursor,
-            )
-        if cfg.settle_seconds > 0 and not kind.temporal and not cfg.xid_column:
-            self._warn_once(
-                "settle",
-                "settle_seconds does not apply to the %s cursor %r: a late-committing transaction can be skipped "
-                "unless a single transaction writes at a time; set xid_column (PostgreSQL) to close the gap",
-                kind.kind,
-                cfg.cursor,
-            )
-
-    def _settle_text(self, kind: CursorKind | None) -> str:
-        cfg = self._config
-        if cfg.settle_seconds <= 0:
-            return "disabled (settle_seconds = 0)"
-        if kind is None:
-            return "unknown until the cursor column has a value"
-        if not kind.temporal:
-            return f"none: a {kind.kind} cursor has no time (single writer or xid_column needed)"
-        return f"cursor older than {cfg.settle_seconds:g} s on the {self._dialect} clock"
 
     # ------------------------------------------------------------------------------ fetching
 
-    def _rows(
-        self, conn: sa.Connection, r: _Resolved, plan: _Plan, after: Position | None, limit: int
-    ) -> tuple[Sequence[Any], Callable[[Any], SourceRow], KeysetColumns | None]:
-        """Run the page's SELECT; return its tuples, the builder of one :class:`SourceRow` and their columns.
-
-        Rows are built lazily (see :class:`~poller.ports.Page`): catching up costs one query and
-        one ``fetchall`` per page, plus the last row's position.
-        """
-        cfg = self._config
-        if after is None:
-            result = conn.execute(plan.first, {"dbf_limit": limit})
-        else:
-            result = conn.execute(plan.after, {"dbf_limit": limit, **self._bind(plan.kind, after)})
-        keys = list(result.keys())
-        processors = self._result_shape(result, r, plan).processors if r.shape is not None else None
-        tuples = fetch_tuples(result, processors)  # one fetchall: per-row fetchone costs as much as the query
-        raw_extra = r.raw_extra
-        if tuples and r.shape is not None:  # SQLite describes no types: a retyped cursor shows in its values
-            raw = tuples[-1][keys.index(_RAW_CURSOR if raw_extra else cfg.cursor)]
-            if raw is not None and value_family(raw) != plan.family:
-                raise _ShapeChanged(raw, by_value=True)
-        # The event carries the typed value; the position keeps what the database compares.
-        convert = plan.kind.converter(cfg.cursor) if plan.kind.kind in ("naive", "text_datetime", "text_date") else None
-        columns = KeysetColumns(
-            tuple(keys), cfg.cursor, cfg.pk, _RAW_CURSOR if raw_extra else None, convert, cfg.soft_delete_column
-        )
-        if plan.kind.kind == "text_datetime" and tuples:
-            at = keys.index(_RAW_CURSOR if raw_extra else cfg.cursor)
-            self._check_text_format((tuples[0][at], tuples[len(tuples) // 2][at], tuples[-1][at]), plan.kind.sep)
-        return tuples, columns.row_builder(), columns
-
-    def _result_shape(self, result: sa.CursorResult[Any], r: _Resolved, plan: _Plan) -> ResultShape:
-        """The processors of a table page's result; _ShapeChanged when its columns are not the plan's."""
-        assert r.shape is not None
-        description = result.cursor.description
-        if plan.result is None:  # the plan's first read: the result must have the reflected columns
-            plan.result = ResultShape.accept(
-                description,
-                r.shape.types(),
-                self._engine.dialect,
-                extra=_RAW_CURSOR if r.raw_extra else None,
-                unprocessed=plan.unprocessed,
-            )
-        if plan.result is None or description_signature(description) != plan.result.signature:
-            result.close()
-            raise _ShapeChanged
-        return plan.result
-
-    def _check_text_format(self, raws: Iterable[Any], sep: str) -> None:
-        """Sampled (first, middle, last of each page): a mixed format shows up within a few pages."""
-        for raw in raws:
-            if isinstance(raw, str) and len(raw) > 10 and raw[10] != sep:
-                self._warn_mixed_format(raw, sep)
-                return
-
-    def _bind(self, kind: CursorKind, after: Position) -> dict[str, Any]:
-        missing = [p for p in self._config.pk if p not in after.pk]
-        if missing:
-            raise CursorError(
-                f"the checkpoint's tiebreaker has {sorted(after.pk)} but pk is {list(self._config.pk)}",
-                hint="the pk setting changed under a checkpoint: reset the checkpoint or restore the old pk",
-            )
-        params = {"k0": kind.rebind(after.cursor)}
-        params.update({f"k{i}": after.pk[p] for i, p in enumerate(self._config.pk, start=1)})
-        return params
-
-    def _check_nulls(self, conn: sa.Connection, r: _Resolved, *, short: bool) -> None:
+    def _check_nulls(self, conn: sa.Connection, r: Resolved, *, short: bool) -> None:
         now = time.monotonic()
         due = self._null_checked_at is None or (short and now - self._null_checked_at >= self.NULL_CHECK_SECONDS)
         if not due:
@@ -639,10 +374,6 @@ class SqlSource:
             self._warned.add(key)
             log.warning("poller %s: " + message, self._config.name, *args, extra=ids(poller=self._config.name))
 
-    def _warn_mixed_format(self, raw: str, sep: str) -> None:
-        self._warn_once("format", "cursor %r mixes text formats (%r does not use %r as the date/time separator); "
-                        "SQLite orders the text, so keep one format", self._config.cursor, raw, sep)  # fmt: skip
-
     def _db_errors(self, op: str) -> AbstractContextManager[None]:
         return db_errors(f"poller {self._config.name}: {op} from {self._url}", self._config.source_url)
 
@@ -658,33 +389,3 @@ def _zone(name: str | None, key: str) -> ZoneInfo | None:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise ConfigError(key, f"unknown time zone {name!r}", hint='use an IANA name such as "UTC"') from exc
-
-
-def fetch_tuples(
-    result: sa.CursorResult[Any], processors: Sequence[Callable[[Any], Any] | None] | None = None
-) -> Sequence[Any]:
-    """Every row of ``result`` as a plain tuple, with the values SQLAlchemy would give.
-
-    SQLAlchemy's ``Row`` objects cost about 1 µs a row to build (more than the rest of a page's
-    fetch). So the driver's own ``fetchall`` is read and the result's type processors (e.g. SQLite
-    NUMERIC → Decimal) are applied column by column, which gives the same values
-    (tests/poller/sources/keyset/test_fetch_tuples.py). A result whose internals are not the expected ones is
-    read with ``all()``. ``processors``: one per column, instead of the result's own (a ``SELECT *``
-    has none: :class:`~poller.sources.keyset.table_shape.ResultShape` gives the reflected types' ones).
-    """
-    if processors is None:
-        processors = getattr(getattr(result, "_metadata", None), "_processors", None)
-    cursor = getattr(result, "cursor", None)
-    if not isinstance(processors, list | tuple) or cursor is None:
-        return result.all()
-    try:
-        rows: list[Any] = cursor.fetchall()
-    finally:
-        result.close()
-    active = [(i, p) for i, p in enumerate(processors) if p is not None]
-    if not active or not rows:
-        return rows
-    columns = list(zip(*rows, strict=True))
-    for i, processor in active:
-        columns[i] = tuple(map(processor, columns[i]))
-    return list(zip(*columns, strict=True))

@@ -59,11 +59,6 @@ class BinlogPosition:
     ) -> BinlogPosition:
         return cls(file_number(file), pos, seq, file, gtid, gtid_state)
 
-    def same_transaction(self, other: BinlogPosition) -> bool:
-        if self.gtid is not None and other.gtid is not None:
-            return self.gtid == other.gtid
-        return (self.file_number, self.txn_pos) == (other.file_number, other.txn_pos)
-
     def event_cursor(self) -> CursorValue:
         """The event's ``cursor`` (part of its id): the same on every read of this change, and
         ordered like the changes, so a handler may apply a change only if newer than the last.
