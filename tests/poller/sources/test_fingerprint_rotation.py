@@ -7,6 +7,8 @@ of its URL (:func:`shared.settings.fingerprint_url`), whatever the password hold
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from poller.sources.factory import open_source
@@ -17,7 +19,7 @@ PASSWORDS = ["pw", "S3/CRET", "a b'c\"d", "p%40ss", "x;y=z"]
 
 PG = "postgresql+psycopg://app:{pw}@db.example:5432/shop"
 MY = "mysql+pymysql://app:{pw}@db.example:3306/shop"
-KINDS: dict[str, tuple[str, dict[str, object]]] = {
+KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "keyset": (PG, {}),
     "outbox": (PG, {"kind": "outbox", "table": "outbox"}),
     "pg_logical": (PG, {"kind": "pg_logical", "tables": ("public.orders",), "slot": "s", "publication": "p"}),
