@@ -25,8 +25,9 @@ from dbfanout.commands.common import (
     print_json,
     reporting_errors,
 )
-from poller.snapshot.chunks import ChunkReader, qualified, request_statement
 from poller.snapshot.chunks import chunk_size as snapshot_chunk_size
+from poller.snapshot.chunks import qualified
+from poller.snapshot.postgres import ChunkReader, request_statement
 from poller.snapshot.where import WhereRefused
 from poller.sources.engines import source_engine
 from shared.config import PollerConfig

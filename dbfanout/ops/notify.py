@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from poller.snapshot.chunks import quote_table
+from poller.snapshot.postgres import quote_table
 from poller.sources.engines import source_engine
 from poller.tick.wake import NOTIFY_FUNCTION, notify_channel, notify_tables, notify_trigger_name
 from shared.config import PollerConfig

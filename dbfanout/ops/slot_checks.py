@@ -14,7 +14,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from dbfanout.ops.checks import Check
-from poller.snapshot.chunks import request_statement, signal_sql
+from poller.snapshot.postgres import request_statement, signal_sql
 from poller.sources.engines import source_engine
 from poller.sources.pg_logical.slot import RUNBOOK, replace_slot
 from poller.sources.pg_logical.source import PgLogicalSource, setup_sql

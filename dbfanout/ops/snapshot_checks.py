@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import sqlalchemy as sa
 
 from dbfanout.ops.checks import Check
-from poller.snapshot.chunks import quote_table
+from poller.snapshot.postgres import quote_table
 from poller.sources.engines import source_engine
 from shared.config import PollerConfig
 from shared.models import Position

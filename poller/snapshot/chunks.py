@@ -1,9 +1,12 @@
-"""Snapshots beside the stream: DBLog's watermark algorithm, and PostgreSQL's chunk SQL.
+"""Snapshots beside the stream: DBLog's watermark algorithm, its chunks and their one reader.
 
 The algorithm is run by :mod:`poller.snapshot.coordinator` for every change log (``pg_logical``,
-``mysql_binlog``); this module holds what both share (:class:`Chunk`, the signal rows, requests,
-the state) and PostgreSQL's :class:`ChunkReader` (MySQL's: :mod:`poller.snapshot.mysql`). What
-follows describes it on PostgreSQL.
+``mysql_binlog``); this module holds what every database shares: the snapshot's state
+(:func:`initial_state`, :func:`chunk_size`), :class:`Chunk`, and :class:`BaseChunkReader`, the chunk
+read every database runs (keyset on the primary key, the request's condition, the high watermark's
+commit), whose SQL is each database's (:mod:`poller.snapshot.postgres`, :mod:`poller.snapshot.mysql`).
+The signal table's rows (requests, watermarks) are :mod:`poller.snapshot.requests`. What follows
+describes the algorithm on PostgreSQL.
 
 Why: a slot only has the changes made after it was created; the rows that already exist (and the
 rows a lost slot skipped) must be read from the tables, without pausing the stream and without
@@ -57,7 +60,8 @@ from __future__ import annotations
 import datetime as dt
 import operator
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -65,64 +69,20 @@ from typing import Any
 import sqlalchemy as sa
 
 from poller.snapshot.where import WhereRefused, where_sql
-from poller.sources.keyset.source import fetch_tuples
-from shared.codec import dumps, loads
 from shared.config import PollerConfig
 from shared.errors import SourceError
 from shared.models import SnapshotState
 
 __all__ = [
+    "CHUNK_MAX_ROWS",
+    "CHUNK_PAGES",
+    "BaseChunkReader",
     "Chunk",
-    "ChunkReader",
-    "apply_request",
     "chunk_size",
     "initial_state",
     "qualified",
-    "quote_table",
-    "request_params",
-    "request_statement",
-    "signal_sql",
+    "within",
 ]
-
-KIND_WATERMARK = "watermark"
-KIND_REQUEST = "request"
-XMIN = "dbfanout_xmin__"  # the row version, selected beside the row's columns
-
-_PRIMARY_KEY = sa.text(
-    "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
-    " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
-    " WHERE i.indrelid = to_regclass(:table) AND i.indisprimary ORDER BY k.n"
-)
-_COLUMNS = sa.text(
-    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:table) AND attnum > 0 AND NOT attisdropped"
-)
-# The planner's row count; for a table never analysed (reltuples -1), the statistics' live rows.
-_ESTIMATE = sa.text(
-    "SELECT CAST(CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE COALESCE(s.n_live_tup, 0) END AS bigint)"
-    " FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass(:table)"
-)
-# A chunk, in one statement (one snapshot): its rows in key order, each with its version (its
-# xmin) and the racy flag; and its high watermark, written when it has rows and is not racy. Racy:
-# a transaction the snapshot cannot see is already committed, so its commit may precede the window
-# (see the module docstring); the rows are refused then. An empty chunk cannot be stale: the flag
-# does not matter when no row comes. (A scalar subquery, not EXISTS: the planner drops the ORDER
-# BY and LIMIT of an EXISTS and may scan the table from its start.) txid_* exist from PostgreSQL
-# 10 on.
-_CHUNK = (
-    "WITH dbfanout_racy__ AS (SELECT EXISTS (SELECT 1 FROM txid_snapshot_xip(txid_current_snapshot()) AS x(xid)"
-    "  WHERE txid_status(x.xid) = 'committed') AS racy),"
-    " dbfanout_mark__ AS (INSERT INTO {signal} (poller, kind, id, data, written_at)"
-    "  SELECT :poller, '" + KIND_WATERMARK + "', :id, '{{}}', now()"
-    "  WHERE NOT (SELECT racy FROM dbfanout_racy__)"
-    "  AND (SELECT 1 FROM {table} WHERE {where} ORDER BY {cols} LIMIT 1) IS NOT NULL"
-    "  ON CONFLICT (poller, kind) DO UPDATE SET id = EXCLUDED.id, data = EXCLUDED.data,"
-    "  written_at = EXCLUDED.written_at)"
-    " SELECT *, CAST(xmin AS text) AS " + XMIN + ", (SELECT racy FROM dbfanout_racy__) AS dbfanout_racy__"
-    " FROM {table} WHERE {where} ORDER BY {cols} LIMIT :n"
-)
-_PUBLISHED = sa.text(
-    "SELECT 1 FROM pg_publication_tables WHERE pubname = :pub AND schemaname || '.' || tablename = :table"
-)
 
 
 def within(start: Any, scanned_to: Any, position: Any) -> bool:
@@ -135,64 +95,8 @@ def within(start: Any, scanned_to: Any, position: Any) -> bool:
 
 
 def qualified(table: str) -> str:
-    """``orders`` → ``public.orders`` (how the log names a table)."""
+    """``orders`` → ``public.orders`` (how the log names a table by default: PostgreSQL's schema)."""
     return table if "." in table else f"public.{table}"
-
-
-def quote_table(name: str) -> str:
-    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
-
-
-def signal_sql(config: PollerConfig) -> list[str]:
-    """The signal table (shared by the pollers of a database; each reads its own rows)."""
-    table = quote_table(config.signal_table)
-    return [
-        f"CREATE TABLE IF NOT EXISTS {table} ("
-        " poller text NOT NULL, kind text NOT NULL, id text NOT NULL, data text NOT NULL DEFAULT '{}',"
-        " written_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (poller, kind))"
-    ]
-
-
-_UPSERT = (
-    "INSERT INTO {table} (poller, kind, id, data, written_at) VALUES (:poller, :kind, :id, :data, now())"
-    " ON CONFLICT (poller, kind) DO UPDATE SET id = EXCLUDED.id, data = EXCLUDED.data,"
-    " written_at = EXCLUDED.written_at"
-)
-
-
-def request_statement(
-    config: PollerConfig,
-    *,
-    tables: Sequence[str] | None = None,
-    where: str | None = None,
-    chunk_size: int | None = None,
-    cancel: bool = False,
-) -> tuple[sa.TextClause, dict[str, Any]]:
-    """The statement (and its parameters) that asks a running poller for a snapshot, or cancels it.
-
-    One row per poller (a new request replaces one not yet started); the poller reads it from its
-    slot, in order with the changes.
-    """
-    params = request_params(config, tables=tables, where=where, chunk_size=chunk_size, cancel=cancel)
-    return sa.text(_UPSERT.format(table=quote_table(config.signal_table))), params
-
-
-def request_params(
-    config: PollerConfig,
-    *,
-    tables: Sequence[str] | None = None,
-    where: str | None = None,
-    chunk_size: int | None = None,
-    cancel: bool = False,
-) -> dict[str, Any]:
-    """A request row's values (a new id each time), whatever the database's upsert looks like."""
-    data: dict[str, Any] = {"action": "cancel"} if cancel else {
-        "action": "snapshot",
-        "tables": list(tables) if tables else None,
-        "where": where,
-        "chunk_size": chunk_size,
-    }  # fmt: skip
-    return {"poller": config.name, "kind": KIND_REQUEST, "id": uuid.uuid4().hex, "data": dumps(data).decode()}
 
 
 #: The default chunk: this many pages (``batch_size`` rows each), at most CHUNK_MAX_ROWS rows (at
@@ -223,40 +127,6 @@ def initial_state(
         estimate=estimate,
         started_at=now,
     )
-
-
-def apply_request(
-    config: PollerConfig,
-    state: SnapshotState | None,
-    data: Mapping[str, Any],
-    request_id: str,
-    at: dt.datetime,
-    *,
-    qualify: Callable[[str], str] = qualified,
-) -> tuple[SnapshotState | None, str | None]:
-    """The state after a request row read from the log, and a warning when it was refused
-    (``qualify``: how the log names a table)."""
-    action = data.get("action")
-    if action == "cancel":
-        if state is None or not state.active:
-            return state, None
-        return replace(state, tables=(), last_key=None, finished_at=at, cancelled=True), None
-    if action != "snapshot":
-        return state, f"request {request_id}: unknown action {action!r} ignored"
-    known = [qualify(t) for t in config.tables]
-    asked = data.get("tables") or known
-    tables = [qualify(str(t)) for t in asked]
-    unknown = [t for t in tables if t not in known]
-    if unknown:
-        return state, f"request {request_id}: {', '.join(unknown)} not among the poller's tables; ignored"
-    where = data.get("where")
-    return SnapshotState(
-        id=request_id,
-        tables=tuple(tables),
-        chunk_size=chunk_size(config, data.get("chunk_size")),
-        where=where if isinstance(where, str) and where.strip() else None,
-        started_at=at,
-    ), None
 
 
 @dataclass(eq=False)
@@ -358,34 +228,48 @@ class Chunk:
         return dict(zip(self.pk, key, strict=True)) if len(self.pk) > 1 else {self.pk[0]: key}
 
 
-class ChunkReader:
-    """The SQL of a snapshot: primary keys, chunk selects and watermark writes (PostgreSQL)."""
+class BaseChunkReader(ABC):
+    """The SQL of a snapshot: primary keys, estimates, columns and chunk reads with their high watermark.
+
+    The algorithm is here, once; a database gives its catalog queries (:meth:`_primary_key`,
+    :meth:`_estimate`, :meth:`_column_names`), its key comparison (:meth:`_after_key`), the chunk's
+    select with whatever must precede it (:meth:`_select`) and its watermark's write
+    (:meth:`_write_watermark`, when the select did not write it). The snapshot coordinator drives
+    any of them (:class:`~poller.snapshot.contracts.ChunkSource`).
+    """
+
+    #: What a missing primary key may also mean, in its error (MySQL finds no key for a missing table).
+    _NO_PK = "it has no primary key"
 
     def __init__(self, config: PollerConfig, engine: sa.Engine) -> None:
         self._config = config
         self._engine = engine
+        self._dialect = engine.dialect.name
         self._pks: dict[str, tuple[str, ...]] = {}
         self._columns: dict[str, frozenset[str]] = {}
         self._published = False
 
     def pk(self, table: str) -> tuple[str, ...]:
+        """The columns a chunk is keyed on: ``pk`` when configured, else the table's primary key."""
         if self._config.pk:
             return self._config.pk
         if table not in self._pks:
-            with self._engine.connect() as conn:  # a quoted name: a mixed-case table is found as it is
-                pk = tuple(conn.execute(_PRIMARY_KEY, {"table": quote_table(table)}).scalars())
+            with self._engine.connect() as conn:
+                pk = tuple(self._primary_key(conn, table))
+                conn.rollback()
             if not pk:
                 raise SourceError(
-                    f"poller {self._config.name}: cannot snapshot {table}: it has no primary key",
+                    f"poller {self._config.name}: cannot snapshot {table}: {self._NO_PK}",
                     hint="add a primary key, or set pk to the columns that identify a row",
                 )
             self._pks[table] = pk
         return self._pks[table]
 
     def estimate(self, tables: Sequence[str]) -> int | None:
-        """Rows the tables hold by the planner's (or the activity) statistics (None when unknown)."""
+        """Rows the tables hold by the database's statistics (None when unknown)."""
         with self._engine.connect() as conn:
-            counts = [conn.execute(_ESTIMATE, {"table": quote_table(t)}).scalar() for t in tables]
+            counts = [self._estimate(conn, t) for t in tables]
+            conn.rollback()
         known = [int(c) for c in counts if c is not None]
         return sum(known) if known and any(known) else None
 
@@ -393,7 +277,8 @@ class ChunkReader:
         """The table's column names (what a ``where`` may name)."""
         if table not in self._columns:
             with self._engine.connect() as conn:
-                self._columns[table] = frozenset(conn.execute(_COLUMNS, {"table": quote_table(table)}).scalars())
+                self._columns[table] = frozenset(self._column_names(conn, table))
+                conn.rollback()
         return self._columns[table]
 
     def check_where(self, tables: Sequence[str], where: str | None) -> None:
@@ -403,25 +288,13 @@ class ChunkReader:
             return
         for table in tables:
             try:
-                where_sql(where, self.columns(table))
+                where_sql(where, self.columns(table), self._dialect)
             except WhereRefused as exc:
                 raise WhereRefused(f"{table}: {exc}") from exc
 
+    @abstractmethod
     def check_published(self) -> None:
-        """The high watermark must reach the slot: the signal table must be in the publication."""
-        if self._published:
-            return
-        with self._engine.connect() as conn:
-            found = conn.execute(
-                _PUBLISHED, {"pub": self._config.publication, "table": self._config.signal_table}
-            ).first()
-        if found is None:
-            raise SourceError(
-                f"poller {self._config.name}: a snapshot needs the signal table {self._config.signal_table} in "
-                f"publication {self._config.publication}",
-                hint="run `dbfanout validate --fix` (it creates the table and adds it to the publication)",
-            )
-        self._published = True
+        """The high watermark must reach the log: raise SourceError when the signal table's rows cannot."""
 
     def read_ahead(self, state: SnapshotState, start: Any, chunk_id: str, limit: int | None = None) -> Chunk | None:
         """:meth:`read` on a pooled connection of its own (a chunk read while the tick sends the last one's rows)."""
@@ -436,54 +309,40 @@ class ChunkReader:
         chunk_id: str | None = None,
         limit: int | None = None,
     ) -> Chunk | None:
-        """Select the next chunk of ``state``'s current table and write its high watermark, on ``conn``.
+        """Select the next chunk of ``state``'s current table and commit its high watermark, on ``conn``.
 
-        One statement (one snapshot) selects the chunk and writes the watermark row; the
-        transaction commits after it (:meth:`commit_watermark`), so the watermark comes in the log
-        after every change the select saw, as DBLog's separate write does, and every change it
-        did not see but that committed first is inside the window. The same statement refuses
-        its snapshot when a change it cannot see is already committed (see the module
-        docstring): None then (retry later). An empty chunk writes no watermark. ``conn`` is left
-        with no transaction open. ``limit``: rows to read this time (default: the state's chunk
-        size; smaller after refusals). The condition is parsed, never pasted: a condition outside
-        the grammar raises :class:`~poller.snapshot.where.WhereRefused` before anything runs.
+        ``start``: the stream position key the window opens at, taken before this call; the chunk
+        carries it. The database's :meth:`_select` makes sure every change the select cannot see
+        is after ``start`` in the log, or refuses the read: None then (retry later). An empty chunk
+        writes no watermark. ``conn`` is left with no transaction open. ``limit``: rows to read
+        this time (default: the state's chunk size; smaller after refusals). The condition is
+        parsed, never pasted: a condition outside the grammar raises
+        :class:`~poller.snapshot.where.WhereRefused` before anything runs.
         """
         table = state.tables[0]
         pk = self.pk(table)
-        cols = ", ".join(quote_table(p) for p in pk)
         conditions: list[str] = []
         chunk_id = chunk_id or uuid.uuid4().hex
         size = min(limit or state.chunk_size, state.chunk_size)
-        params: dict[str, Any] = {"n": size + 1, "poller": self._config.name, "id": chunk_id}
+        params: dict[str, Any] = {"n": size + 1}
         if state.last_key is not None:
-            binds = ", ".join(f":k{i}" for i in range(len(pk)))
-            conditions.append(f"({cols}) > ({binds})")
+            conditions.append(self._after_key(pk))
             params.update({f"k{i}": state.last_key[p] for i, p in enumerate(pk)})
         if state.where:
-            fragment, bound = where_sql(state.where, self.columns(table))
+            fragment, bound = where_sql(state.where, self.columns(table), self._dialect)
             conditions.append(f"({fragment})")
             params.update(bound)
-        statement = sa.text(
-            _CHUNK.format(
-                table=quote_table(table),
-                where=" AND ".join(conditions) or "true",
-                cols=cols,
-                signal=quote_table(self._config.signal_table),
-            )
-        )
-        conn.rollback()  # whatever the connection did before (a peek): the chunk's transaction starts now
+        conn.rollback()  # whatever the connection did before (a peek): the chunk's transactions start now
         try:
-            result = conn.execute(statement, params)
-            names = tuple(result.keys())[:-2]  # the row's columns, then the xmin and the racy flag
-            fetched = fetch_tuples(result)
-            if fetched and fetched[0][-1]:  # a change the select cannot see is already committed
+            selected = self._select(conn, table, pk, conditions, params, chunk_id)
+            if selected is None:  # a change the select cannot see may precede the window: refused
                 conn.rollback()
                 return None
-            more = len(fetched) > size
-            tuples = fetched[:size]
+            names, fetched = selected
+            tuples = self._tuples(names, fetched[:size])
             at = [names.index(p) for p in pk]
             chunk = Chunk(
-                id=params["id"],
+                id=chunk_id,
                 state=state,
                 table=table,
                 pk=pk,
@@ -492,10 +351,11 @@ class ChunkReader:
                 tuples=tuples,
                 key_of=operator.itemgetter(*at),
                 last_key={p: tuples[-1][i] for p, i in zip(pk, at, strict=True)} if tuples else None,
-                more=more,
+                more=len(fetched) > size,
                 scanned_to=start,
             )
             if tuples:
+                self._write_watermark(conn, chunk)
                 self.commit_watermark(conn, chunk)
             else:
                 conn.rollback()  # nothing was written
@@ -509,16 +369,41 @@ class ChunkReader:
         """Commit the chunk's transaction: its high watermark (when it has rows) enters the log here."""
         conn.commit()
 
+    # ------------------------------------------------------------------------------ each database's SQL
 
-def signal_of(new: Mapping[str, Any] | None, poller: str) -> tuple[str, str, dict[str, Any]] | None:
-    """``(kind, id, data)`` of a signal row of ``poller`` as the log carries it (None: not ours)."""
-    if not new or new.get("poller") != poller:
-        return None
-    kind, signal_id, data = new.get("kind"), new.get("id"), new.get("data")
-    if not isinstance(kind, str) or not isinstance(signal_id, str):
-        return None
-    try:
-        parsed = loads(data) if isinstance(data, str) else {}
-    except Exception:
-        parsed = {}
-    return kind, signal_id, parsed if isinstance(parsed, dict) else {}
+    @abstractmethod
+    def _primary_key(self, conn: sa.Connection, table: str) -> Iterable[str]:
+        """The table's primary key columns, in key order (none: no key, or no table)."""
+
+    @abstractmethod
+    def _estimate(self, conn: sa.Connection, table: str) -> int | None:
+        """The table's row count by the statistics (None: unknown)."""
+
+    @abstractmethod
+    def _column_names(self, conn: sa.Connection, table: str) -> Iterable[str]:
+        """The table's column names."""
+
+    @abstractmethod
+    def _after_key(self, pk: Sequence[str]) -> str:
+        """The condition "the key is after ``:k0, :k1, ...``" (the last key read)."""
+
+    @abstractmethod
+    def _select(
+        self,
+        conn: sa.Connection,
+        table: str,
+        pk: Sequence[str],
+        conditions: Sequence[str],
+        params: dict[str, Any],
+        chunk_id: str,
+    ) -> tuple[tuple[str, ...], Sequence[Any]] | None:
+        """The chunk's select (``:n`` rows at most, in key order, every one of ``conditions``): the
+        row's column names and the rows fetched, or None: refused."""
+
+    def _tuples(self, names: tuple[str, ...], rows: Sequence[Any]) -> Sequence[Any]:
+        """A chunk's tuples from its rows: the row's columns, its version (a string), a flag."""
+        return rows
+
+    def _write_watermark(self, conn: sa.Connection, chunk: Chunk) -> None:
+        """Write the chunk's high watermark in its transaction (nothing: its select wrote it)."""
+        return

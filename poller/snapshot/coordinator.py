@@ -4,8 +4,10 @@ Why one: the snapshot algorithm (see :mod:`poller.snapshot.chunks`: a chunk's wi
 watermark, the drop rule, requests and cancels read from the log, read-ahead, refusal backoff,
 the emission of a chunk's rows) does not depend on which log it runs beside. Debezium's shape:
 the stream and the snapshot are two change sources behind one coordinator. A log source owns only
-reading its log (:class:`LogReader`) and its chunk SQL (:class:`ChunkSource`); the coordinator
-owns everything else, and a fetch of the source is a fetch of the coordinator.
+reading its log (:class:`~poller.snapshot.contracts.LogReader`) and its chunk SQL
+(:class:`~poller.snapshot.contracts.ChunkSource`); the coordinator owns everything else (the chunk
+reads' refusals, failures and read-ahead: :mod:`poller.snapshot.reads`), and a fetch of the source
+is a fetch of the coordinator.
 
 Positions are opaque to the coordinator: each change of a log carries a *position key*, totally
 ordered (``<``) in log order — PostgreSQL's ``(commit LSN, seq)``, the binlog's
@@ -23,175 +25,28 @@ on every position returned, into the checkpoint (with no row, on the page's ``ad
 from __future__ import annotations
 
 import datetime as dt
-import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic
 
 import sqlalchemy as sa
 
 from poller.ports import EventFields, Page, SourceRow
-from poller.snapshot.chunks import KIND_REQUEST, KIND_WATERMARK, Chunk, apply_request, initial_state, within
+from poller.snapshot.chunks import Chunk, initial_state
+from poller.snapshot.contracts import C, ChunkSource, LogReader
+from poller.snapshot.reads import Ahead, ChunkReads, ChunkStopped
+from poller.snapshot.requests import KIND_REQUEST, KIND_WATERMARK, apply_request
 from poller.snapshot.where import WhereRefused
 from shared.config import PollerConfig
 from shared.logs import get_logger, ids
-from shared.models import CursorValue, Position, SnapshotState
-from shared.telemetry import metrics
+from shared.models import Position, SnapshotState
 
-__all__ = ["ChunkSource", "Fetched", "LogChange", "LogRead", "LogReader", "SnapshotCoordinator"]
+__all__ = ["Fetched", "SnapshotCoordinator"]
 
 log = get_logger("poller.snapshot")
 
 _MAX_ROUNDS = 16  # reads one fetch may take to fill its page (signals and watermarks are not rows)
-_REFUSED_RETRIES = 6  # refused chunk reads retried within one fetch (backoff 5 ms doubling: ~0.3 s in all)
-_REFUSED_BACKOFF, _REFUSED_BACKOFF_MAX = 0.005, 0.2
-_REFUSALS_WARN = 20  # refused reads in a row that make a WARNING
-_MAX_CHUNK_FAILURES = 3  # a failing chunk statement is tried this often, then its snapshot stops
-
-#: A signal row decoded: ``(kind, id, data)`` (see :func:`poller.snapshot.chunks.signal_of`).
-Signal = tuple[str, str, dict[str, Any]]
-
-
-class LogChange(Protocol):
-    """What the coordinator reads of a change of the log (anything else goes through the reader)."""
-
-    @property
-    def key(self) -> Any:
-        """Its position key: opaque, totally ordered in log order (``<``), hashable."""
-
-    @property
-    def table(self) -> str:
-        """The schema-qualified table it changed (the signal table's name for a signal row)."""
-
-
-C = TypeVar("C", bound=LogChange)
-
-
-@dataclass(slots=True)
-class LogRead(Generic[C]):
-    """Changes of the log after a position, in log order."""
-
-    changes: Sequence[C]
-    at_end: bool  # nothing follows them in the log as of this read (it was read to its end)
-
-
-class LogReader(Protocol[C]):
-    """What a log source gives the coordinator. Everything here reads the log or describes it;
-    the snapshot's state lives in the coordinator."""
-
-    @property
-    def signal_table(self) -> str:
-        """The signal table's name as the log's changes name it (``LogChange.table``)."""
-
-    def qualify(self, table: str) -> str:
-        """A configured table's name as the log's changes name it (``orders`` → ``public.orders``)."""
-
-    def key_of(self, position: Position | None) -> Any:
-        """A checkpoint's position key (None: before the whole log). Raises SourceError for a
-        position another source kind wrote."""
-
-    def changes(self, conn: sa.Connection, after: Any, want: int) -> LogRead[C]:
-        """Up to ``want`` changes after key ``after`` (fewer when the log ends first; may be more
-        reads of the log): the poller's tables' and the signal table's (other pollers' signal rows
-        may come too: :meth:`signal` finds them not ours)."""
-
-    def reread(self) -> None:
-        """The log grew by a write of ours (a high watermark): the next :meth:`changes` must read
-        the log again, not what it buffered."""
-
-    def signal(self, change: C) -> Signal | None:
-        """A signal-table change decoded (None: not a signal of this poller)."""
-
-    def committed_at(self, change: C) -> dt.datetime:
-        """When the change's transaction committed (UTC)."""
-
-    def keys(self, conn: sa.Connection, change: C) -> list[tuple[Any, ...]]:
-        """The primary keys a change touches (an update that changes the key: both)."""
-
-    def row(self, conn: sa.Connection, change: C, state: SnapshotState | None) -> SourceRow:
-        """The row (event) a change becomes, its position carrying ``state``."""
-
-    def position(self, key: Any, state: SnapshotState | None) -> Position:
-        """The checkpoint form of key ``key`` (None: before the whole log), carrying ``state``."""
-
-    def cursor(self, key: Any) -> CursorValue:
-        """The event ``cursor`` of a snapshot row emitted at key ``key`` (None: before the log)."""
-
-    def describe(self, key: Any) -> str:
-        """Key ``key`` as an operator reads it (logs; and a repeated request's id suffix)."""
-
-
-class ChunkSource(Protocol):
-    """A database's snapshot SQL (:class:`poller.snapshot.chunks.ChunkReader` for PostgreSQL,
-    :class:`poller.snapshot.mysql.MysqlChunkReader` for MySQL/MariaDB).
-
-    ``read`` selects the next chunk of ``state`` and commits its high watermark (a signal row the
-    log then carries); the chunk's window opens at ``start``, the key the walk stood at before the
-    read, so the read must make sure every change its select could not see is after ``start`` in
-    the log (PostgreSQL refuses a racy snapshot: None, retried with backoff; MySQL commits a
-    barrier first). ``read_ahead`` is the same on a connection of its own (a thread). A chunk's
-    tuples are the row's columns (``Chunk.names``), then the row's version as a string (``t[-2]``:
-    part of a snapshot event's id), then a flag.
-    """
-
-    def pk(self, table: str) -> tuple[str, ...]: ...
-
-    def estimate(self, tables: Sequence[str]) -> int | None: ...
-
-    def columns(self, table: str) -> frozenset[str]: ...
-
-    def check_where(self, tables: Sequence[str], where: str | None) -> None: ...
-
-    def check_published(self) -> None: ...
-
-    def read(
-        self,
-        conn: sa.Connection,
-        state: SnapshotState,
-        start: Any,
-        chunk_id: str | None = None,
-        limit: int | None = None,
-    ) -> Chunk | None: ...
-
-    def read_ahead(self, state: SnapshotState, start: Any, chunk_id: str, limit: int | None = None) -> Chunk | None: ...
-
-
-class _ChunkStopped(Exception):
-    """A snapshot's chunk cannot be read (its condition is refused, its statement kept failing)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(slots=True)
-class _Ahead:
-    """The next chunk, read on a thread while the tick sends the current one's rows.
-
-    Its window opens at ``start`` (where the scan stood when it was launched: every change up to
-    there was read before its select began); until it is taken up, the scan keeps what it reads of
-    the chunk's table (``seen``) for its drop rule, and its watermark (``ready_at``).
-    """
-
-    future: Future[Chunk | None]
-    basis: SnapshotState  # the state it was read for (its table, last key, condition, size)
-    chunk_id: str
-    start: Any
-    scanned_to: Any
-    seen: list[tuple[Any, str | None, list[tuple[Any, ...]]]] = field(default_factory=list)
-    ready_at: dt.datetime | None = None
-
-    def covers(self, position: Any) -> bool:
-        return within(self.start, self.scanned_to, position)
-
-    def reads_for(self, state: SnapshotState | None) -> bool:
-        """Whether it is the chunk ``state`` wants next (a request or a cancel since: no)."""
-        b = self.basis
-        return state is not None and state.active and (state.id, state.tables[0], state.last_key, state.where,
-                                                       state.chunk_size) == (b.id, b.tables[0], b.last_key, b.where,
-                                                                             b.chunk_size)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -228,13 +83,11 @@ class SnapshotCoordinator(Generic[C]):
         self.chunks = chunks
         self._chunk: Chunk | None = None  # the chunk waiting for its high watermark (ticks are serial)
         self._owed = False  # the last page went to the stream while a chunk's rows were ready
-        self._ahead: _Ahead | None = None
-        self._reader: ThreadPoolExecutor | None = None  # reads the next chunk ahead (one thread, lazily)
+        self._ahead: Ahead | None = None
+        self._reads = ChunkReads(config.name, self._warn_once)
         self._initial: SnapshotState | None = None
         self._estimates: dict[str, int | None] = {}
         self._warned: set[str] = set()
-        self._limits: dict[str, int] = {}  # rows the next chunk of a snapshot reads (smaller after refusals)
-        self._refused_in_a_row: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------ the source's calls
 
@@ -286,9 +139,8 @@ class SnapshotCoordinator(Generic[C]):
 
     def close(self) -> None:
         """Stop the read-ahead thread."""
-        reader, self._reader, self._ahead = self._reader, None, None
-        if reader is not None:
-            reader.shutdown(wait=True)
+        self._ahead = None
+        self._reads.close()
 
     # ------------------------------------------------------------------------------ the walk
 
@@ -343,7 +195,7 @@ class SnapshotCoordinator(Generic[C]):
             rows.append(row(conn, c, scan.state))
             scan.streamed += 1
 
-    def _signal_read(self, scan: _Scan[C], c: C, chunk: Chunk | None, ahead: _Ahead | None) -> None:
+    def _signal_read(self, scan: _Scan[C], c: C, chunk: Chunk | None, ahead: Ahead | None) -> None:
         """A change of the signal table: a request of ours, a chunk's high watermark, or nothing of ours."""
         if chunk is not None:
             chunk.saw(c.key, None, ())
@@ -431,8 +283,8 @@ class SnapshotCoordinator(Generic[C]):
                 scan.state = ahead.advanced(dt.datetime.now(dt.UTC))
                 continue
             try:
-                chunk, scan.state = self._read_chunk(conn, state, scan.position)
-            except _ChunkStopped as stopped:
+                chunk, scan.state = self._reads.read(self.chunks, conn, state, scan.position)
+            except ChunkStopped as stopped:
                 # A condition outside the grammar, or a select that kept failing (a timeout, a
                 # permission, a dropped column): stop the snapshot rather than fail every tick, so
                 # the changes keep flowing and a new request can come.
@@ -450,71 +302,15 @@ class SnapshotCoordinator(Generic[C]):
             scan.state = chunk.advanced(dt.datetime.now(dt.UTC))
         return True
 
-    def _read_chunk(self, conn: sa.Connection, state: SnapshotState, start: Any) -> tuple[Chunk | None, SnapshotState]:
-        """The next chunk of ``state`` read now, and the snapshot's state it is valid for.
-
-        A refused read (a committed transaction not visible yet: a synchronous standby's wait,
-        a busy server) is retried at once with backoff and half the rows, up to
-        :data:`_REFUSED_RETRIES` times in this fetch; the refusals are counted in the state
-        (``status``), the metric ``dbfanout.snapshot_chunks_refused`` and, after
-        :data:`_REFUSALS_WARN` in a row, a WARNING. A statement that fails (a timeout, a
-        permission) is tried again on later fetches, :data:`_MAX_CHUNK_FAILURES` times in all,
-        then raises :class:`_ChunkStopped`; so does a condition outside the grammar, at once.
-        None: read it on a later fetch.
-        """
-        name, refused = self._config.name, 0
-        for attempt in range(_REFUSED_RETRIES):
-            basis = replace(state, refused=state.refused + refused, failures=0)
-            limit = self._limits.get(state.id, state.chunk_size)
-            try:
-                chunk = self.chunks.read(conn, basis, start, limit=limit)
-            except WhereRefused as exc:
-                raise _ChunkStopped(f"where refused: {exc}") from exc
-            except sa.exc.DBAPIError as exc:
-                if exc.connection_invalidated:  # the source is down: the tick fails, as for the stream
-                    raise
-                problem = str(exc.orig or exc).splitlines()[0]
-                failures = state.failures + 1  # counted in the state: a restart does not reset it
-                if failures >= _MAX_CHUNK_FAILURES:
-                    raise _ChunkStopped(f"{problem} ({failures} tries)") from exc
-                log.warning("poller %s: snapshot %s: chunk of %s failed (%s); tried again on the next fetch (%d of %d)",
-                            name, state.id, state.tables[0], problem, failures, _MAX_CHUNK_FAILURES,
-                            extra=ids(poller=name))  # fmt: skip
-                return None, replace(basis, failures=failures)
-            if chunk is not None:
-                self._grow(state)
-                return chunk, basis
-            refused += 1
-            metrics.snapshot_chunks_refused.add(1, {"poller": name})
-            self._limits[state.id] = max(1, limit // 2)
-            in_a_row = self._refused_in_a_row[state.id] = self._refused_in_a_row.get(state.id, 0) + 1
-            if in_a_row >= _REFUSALS_WARN:
-                self._warn_once(f"refused-{state.id}", "snapshot %s: %d chunk reads of %s refused in a row: a "
-                                "transaction committed but not visible yet (a synchronous standby, a busy server); "
-                                "retrying with backoff and smaller chunks (see `dbfanout status`, metric "
-                                "dbfanout.snapshot_chunks_refused)", state.id, in_a_row, state.tables[0])  # fmt: skip
-            log.debug("poller %s: snapshot chunk refused (a commit not yet visible)", name)
-            time.sleep(min(_REFUSED_BACKOFF * 2**attempt, _REFUSED_BACKOFF_MAX))
-        return None, replace(state, refused=state.refused + refused, failures=0)
-
-    def _grow(self, state: SnapshotState) -> None:
-        """A chunk was read: the next one reads twice as many rows, back to the full size step by step."""
-        self._refused_in_a_row.pop(state.id, None)
-        if state.id in self._limits:
-            self._limits[state.id] = min(self._limits[state.id] * 2, state.chunk_size)
-
     def _read_ahead(self, chunk: Chunk, position: Any) -> None:
         """Start reading the chunk after ``chunk`` on the read-ahead thread, its window opening at
         ``position`` (the log is read to there, and the select begins later)."""
         basis = chunk.next_basis()
         if basis is None:
             return
-        if self._reader is None:
-            self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{self._config.name}")
         chunk_id = uuid.uuid4().hex
-        limit = self._limits.get(basis.id)
-        future = self._reader.submit(self.chunks.read_ahead, basis, position, chunk_id, limit)
-        self._ahead = _Ahead(future, basis, chunk_id, position, position)
+        future = self._reads.submit(self.chunks, basis, position, chunk_id)
+        self._ahead = Ahead(future, basis, chunk_id, position, position)
 
     def _take_ahead(self, scan: _Scan[C]) -> Chunk | None:
         """The chunk read ahead, when it is the one the scan wants, with what the scan saw since it
@@ -530,7 +326,7 @@ class SnapshotCoordinator(Generic[C]):
         if chunk is None:  # its snapshot was refused (a commit not yet visible)
             return None
         assert scan.state is not None
-        self._grow(scan.state)
+        self._reads.grow(scan.state)
         chunk.state = scan.state
         for key, table, keys in ahead.seen:
             chunk.saw(key, table, keys)

@@ -1,9 +1,9 @@
 """The MySQL/MariaDB SQL of DBLog snapshots for ``kind = "mysql_binlog"`` pollers.
 
-:class:`MysqlChunkReader` has the public methods of :class:`poller.snapshot.chunks.ChunkReader` (primary
+:class:`MysqlChunkReader` is :class:`~poller.snapshot.chunks.BaseChunkReader` on MySQL/MariaDB (primary
 keys, estimates, columns, ``where`` checks, the signal table's presence, chunk reads with their
-high watermark) and returns the same :class:`~poller.snapshot.chunks.Chunk`, so the snapshot coordinator
-drives either. Imported only by mysql_binlog pollers and the CLI paths for them.
+high watermark), as :class:`poller.snapshot.postgres.ChunkReader` is on PostgreSQL, so the snapshot
+coordinator drives either. Imported only by mysql_binlog pollers and the CLI paths for them.
 
 The window on MySQL/MariaDB. A chunk read is three steps on one connection:
 
@@ -48,7 +48,7 @@ id from; PostgreSQL's is its ``xmin``) is a hash of its column names and values:
 row version. Tuples are shaped as PostgreSQL's: the row's columns, the version, a flag (false).
 
 The signal table is the same rows as PostgreSQL's (``poller``, ``kind``, ``id``, ``data`` as JSON,
-``written_at``), so :func:`poller.snapshot.chunks.signal_of` and :func:`~poller.snapshot.chunks.apply_request`
+``written_at``), so :func:`poller.snapshot.requests.signal_of` and :func:`~poller.snapshot.requests.apply_request`
 read what the binlog carries. It lives in the source database: ``signal_table``'s default schema
 ``public`` (PostgreSQL's) means the source URL's database here.
 """
@@ -56,22 +56,19 @@ read what the binlog carries. It lives in the source database: ``signal_table``'
 from __future__ import annotations
 
 import hashlib
-import operator
 import uuid
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 import sqlalchemy as sa
 
-from poller.snapshot.chunks import KIND_WATERMARK, Chunk, request_params
-from poller.snapshot.where import WhereRefused, where_sql
-from poller.sources.keyset.source import fetch_tuples
+from poller.snapshot.chunks import BaseChunkReader, Chunk
+from poller.snapshot.requests import KIND_WATERMARK, request_params
+from poller.sql import fetch_tuples
 from shared.codec import dumps, encode_value
 from shared.config import PollerConfig
 from shared.errors import ConfigError, SourceError
-from shared.models import SnapshotState
 
 __all__ = [
     "KIND_BARRIER",
@@ -158,7 +155,7 @@ def mysql_request_statement(
     chunk_size: int | None = None,
     cancel: bool = False,
 ) -> tuple[sa.TextClause, dict[str, Any]]:
-    """:func:`poller.snapshot.chunks.request_statement` for MySQL/MariaDB: the same row (one per poller, a
+    """:func:`poller.snapshot.postgres.request_statement` for MySQL/MariaDB: the same row (one per poller, a
     new request replaces one not yet started), written with ``INSERT ... ON DUPLICATE KEY UPDATE``."""
     params = request_params(config, tables=tables, where=where, chunk_size=chunk_size, cancel=cancel)
     return _upsert(config), params
@@ -199,63 +196,18 @@ def _split(table: str) -> dict[str, str]:
     return {"s": schema, "t": name}
 
 
-class MysqlChunkReader:
+class MysqlChunkReader(BaseChunkReader):
     """The SQL of a snapshot on MySQL/MariaDB: primary keys, chunk selects, barrier and watermark writes.
 
     Tables are ``schema.table`` (:func:`poller.sources.mysql_binlog.source.qualified_tables` qualifies the
     poller's). See the module docstring for the window.
     """
 
+    _NO_PK = "it has no primary key (or does not exist)"
+
     def __init__(self, config: PollerConfig, engine: sa.Engine) -> None:
-        self._config = config
-        self._engine = engine
-        self._dialect = engine.dialect.name
+        super().__init__(config, engine)
         self._signal = signal_table(config)
-        self._pks: dict[str, tuple[str, ...]] = {}
-        self._columns: dict[str, frozenset[str]] = {}
-        self._published = False
-
-    def pk(self, table: str) -> tuple[str, ...]:
-        if self._config.pk:
-            return self._config.pk
-        if table not in self._pks:
-            with self._engine.connect() as conn:
-                pk = _exact(conn.execute(_PRIMARY_KEY, _split(table)), table)
-                conn.rollback()
-            if not pk:
-                raise SourceError(
-                    f"poller {self._config.name}: cannot snapshot {table}: it has no primary key (or does not exist)",
-                    hint="add a primary key, or set pk to the columns that identify a row",
-                )
-            self._pks[table] = tuple(pk)
-        return self._pks[table]
-
-    def estimate(self, tables: Sequence[str]) -> int | None:
-        """Rows the tables hold by InnoDB's statistics (None when unknown)."""
-        with self._engine.connect() as conn:
-            counts = [_exact(conn.execute(_ESTIMATE, _split(t)), t) for t in tables]
-            conn.rollback()
-        known = [int(c[0]) for c in counts if c and c[0] is not None]
-        return sum(known) if known and any(known) else None
-
-    def columns(self, table: str) -> frozenset[str]:
-        """The table's column names (what a ``where`` may name)."""
-        if table not in self._columns:
-            with self._engine.connect() as conn:
-                self._columns[table] = frozenset(_exact(conn.execute(_COLUMNS, _split(table)), table))
-                conn.rollback()
-        return self._columns[table]
-
-    def check_where(self, tables: Sequence[str], where: str | None) -> None:
-        """Raise :class:`~poller.snapshot.where.WhereRefused` unless ``where`` is a condition of the
-        grammar over the columns of every one of ``tables`` (nothing is run)."""
-        if where is None:
-            return
-        for table in tables:
-            try:
-                where_sql(where, self.columns(table), self._dialect)
-            except WhereRefused as exc:
-                raise WhereRefused(f"{table}: {exc}") from exc
 
     def check_published(self) -> None:
         """The watermarks and requests reach the poller through the binlog: the signal table must
@@ -278,106 +230,62 @@ class MysqlChunkReader:
             )
         self._published = True
 
-    def read_ahead(
-        self, state: SnapshotState, start: tuple[int, int] | None, chunk_id: str, limit: int | None = None
-    ) -> Chunk | None:
-        """:meth:`read` on a pooled connection of its own (a chunk read while the tick sends the last one's rows)."""
-        with self._engine.connect() as conn:
-            return self.read(conn, state, start, chunk_id, limit)
+    def _primary_key(self, conn: sa.Connection, table: str) -> Iterable[str]:
+        return _exact(conn.execute(_PRIMARY_KEY, _split(table)), table)
 
-    def read(
+    def _estimate(self, conn: sa.Connection, table: str) -> int | None:
+        """InnoDB's estimate (None for a view, or no such table)."""
+        rows = _exact(conn.execute(_ESTIMATE, _split(table)), table)
+        return rows[0] if rows else None
+
+    def _column_names(self, conn: sa.Connection, table: str) -> Iterable[str]:
+        return _exact(conn.execute(_COLUMNS, _split(table)), table)
+
+    def _after_key(self, pk: Sequence[str]) -> str:
+        """``(a, b) > (:k0, :k1)`` written out as ``a > :k0 OR (a = :k0 AND b > :k1)``: MariaDB (10.11)
+        does not use the key's range for a row comparison and scans the table from its start for every
+        chunk; the written-out form is a range on the primary key on MariaDB and MySQL alike."""
+        quoted = [_ident(p) for p in pk]
+        terms = [
+            "(" + " AND ".join([*(f"{q} = :k{j}" for j, q in enumerate(quoted[:i])), f"{quoted[i]} > :k{i}"]) + ")"
+            for i in range(len(quoted))
+        ]
+        return "(" + " OR ".join(terms) + ")"
+
+    def _select(
         self,
         conn: sa.Connection,
-        state: SnapshotState,
-        start: tuple[int, int] | None,
-        chunk_id: str | None = None,
-        limit: int | None = None,
-    ) -> Chunk | None:
-        """Commit a barrier, then select the next chunk of ``state``'s current table in a consistent
-        snapshot and commit its high watermark with it, on ``conn`` (see the module docstring).
-
-        ``start``: the stream position the window opens at, taken before this call (the binlog
-        source's ``(cursor, seq)``); the chunk carries it. An empty chunk writes no watermark.
-        ``conn`` is left with no transaction open. ``limit``: rows to read this time (default: the
-        state's chunk size). The condition is parsed, never pasted: a condition outside the
-        grammar raises :class:`~poller.snapshot.where.WhereRefused` before anything runs.
-        """
-        table = state.tables[0]
-        pk = self.pk(table)
-        cols = ", ".join(map(_ident, pk))
-        conditions: list[str] = []
-        chunk_id = chunk_id or uuid.uuid4().hex
-        size = min(limit or state.chunk_size, state.chunk_size)
-        params: dict[str, Any] = {"n": size + 1}
-        if state.last_key is not None:
-            conditions.append(_after_key(pk))
-            params.update({f"k{i}": state.last_key[p] for i, p in enumerate(pk)})
-        if state.where:
-            fragment, bound = where_sql(state.where, self.columns(table), self._dialect)
-            conditions.append(f"({fragment})")
-            params.update(bound)
+        table: str,
+        pk: Sequence[str],
+        conditions: Sequence[str],
+        params: dict[str, Any],
+        chunk_id: str,
+    ) -> tuple[tuple[str, ...], Sequence[Any]]:
+        """Commit a barrier, then select the chunk in a consistent snapshot (see the module
+        docstring): never refused, the barrier replaces PostgreSQL's refusal of a racy snapshot."""
         select = sa.text(
-            f"SELECT * FROM {quote_mysql(table)} WHERE {' AND '.join(conditions) or 'TRUE'} ORDER BY {cols} LIMIT :n"
+            f"SELECT * FROM {quote_mysql(table)} WHERE {' AND '.join(conditions) or 'TRUE'}"
+            f" ORDER BY {', '.join(map(_ident, pk))} LIMIT :n"
         )
-        upsert = _upsert(self._config)
-        conn.rollback()  # whatever the connection did before: the barrier is a transaction of its own
-        try:
-            # TIMESTAMP values as the binlog carries them (UTC), not in the session's zone: a chunk
-            # row must equal the stream's image of the same row (its values, and its key).
-            conn.exec_driver_sql("SET time_zone = '+00:00'")
-            conn.execute(upsert, self._signal_params(KIND_BARRIER, uuid.uuid4().hex))
-            conn.commit()  # returns once every transaction before it in the binlog is visible
-            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the next transaction's
-            conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            result = conn.execute(select, params)
-            names = tuple(result.keys())
-            fetched = fetch_tuples(result)
-            more = len(fetched) > size
-            rows = fetched[:size]
-            tuples = [(*row, version, False) for row, version in zip(rows, row_versions(names, rows), strict=True)]
-            at = [names.index(p) for p in pk]
-            chunk = Chunk(
-                id=chunk_id,
-                state=state,
-                table=table,
-                pk=pk,
-                names=names,
-                start=start,
-                tuples=tuples,
-                key_of=operator.itemgetter(*at),
-                last_key={p: tuples[-1][i] for p, i in zip(pk, at, strict=True)} if tuples else None,
-                more=more,
-                scanned_to=start,
-            )
-            if tuples:
-                conn.execute(upsert, self._signal_params(KIND_WATERMARK, chunk_id))
-                self.commit_watermark(conn, chunk)
-            else:
-                conn.rollback()  # nothing was written
-        except BaseException:
-            with suppress(sa.exc.SQLAlchemyError):
-                conn.rollback()
-            raise
-        return chunk
+        # TIMESTAMP values as the binlog carries them (UTC), not in the session's zone: a chunk
+        # row must equal the stream's image of the same row (its values, and its key).
+        conn.exec_driver_sql("SET time_zone = '+00:00'")
+        conn.execute(_upsert(self._config), self._signal_params(KIND_BARRIER, uuid.uuid4().hex))
+        conn.commit()  # returns once every transaction before it in the binlog is visible
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the next transaction's
+        conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        result = conn.execute(select, params)
+        return tuple(result.keys()), fetch_tuples(result)
 
-    def commit_watermark(self, conn: sa.Connection, chunk: Chunk) -> None:
-        """Commit the chunk's transaction: its high watermark (when it has rows) enters the binlog here."""
-        conn.commit()
+    def _tuples(self, names: tuple[str, ...], rows: Sequence[Any]) -> Sequence[Any]:
+        """The rows shaped as PostgreSQL's: the columns, the row's version (a hash), a flag (false)."""
+        return [(*row, version, False) for row, version in zip(rows, row_versions(names, rows), strict=True)]
+
+    def _write_watermark(self, conn: sa.Connection, chunk: Chunk) -> None:
+        conn.execute(_upsert(self._config), self._signal_params(KIND_WATERMARK, chunk.id))
 
     def _signal_params(self, kind: str, signal_id: str) -> dict[str, Any]:
         return {"poller": self._config.name, "kind": kind, "id": signal_id, "data": "{}"}
-
-
-def _after_key(pk: Sequence[str]) -> str:
-    """``(a, b) > (:k0, :k1)`` written out as ``a > :k0 OR (a = :k0 AND b > :k1)``: MariaDB (10.11)
-    does not use the key's range for a row comparison and scans the table from its start for every
-    chunk; the written-out form is a range on the primary key on MariaDB and MySQL alike."""
-    quoted = [_ident(p) for p in pk]
-    terms = [
-        "(" + " AND ".join([*(f"{q} = :k{j}" for j, q in enumerate(quoted[:i])), f"{quoted[i]} > :k{i}"]) + ")"
-        for i in range(len(quoted))
-    ]
-    return "(" + " OR ".join(terms) + ")"
 
 
 def _exact(result: sa.CursorResult[Any], table: str) -> list[Any]:

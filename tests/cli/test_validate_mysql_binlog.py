@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from poller.snapshot.chunks import apply_request, signal_of
 from poller.snapshot.mysql import signal_table
+from poller.snapshot.requests import apply_request, signal_of
 from shared.config import PollerConfig
 from tests.cli.conftest import Workspace
 from tests.poller.mysql_binlog_support import BinlogTables, binlog_changes, binlog_here, binlog_tables

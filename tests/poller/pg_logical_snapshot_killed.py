@@ -21,7 +21,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from poller.snapshot.chunks import Chunk, ChunkReader
+from poller.snapshot.chunks import Chunk
+from poller.snapshot.postgres import ChunkReader
 from poller.sources.pg_logical.source import PgLogicalSource
 from poller.state.blob import open_state_store
 from poller.tick.lifecycle import run_tick

@@ -65,6 +65,7 @@ from poller.sources.keyset.table_shape import (
     type_family,
     value_family,
 )
+from poller.sql import fetch_tuples
 from shared.config import PollerConfig
 from shared.errors import ConfigError, CursorError, FetchError, SchemaChangeError
 from shared.ids import source_fingerprint
@@ -658,33 +659,3 @@ def _zone(name: str | None, key: str) -> ZoneInfo | None:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise ConfigError(key, f"unknown time zone {name!r}", hint='use an IANA name such as "UTC"') from exc
-
-
-def fetch_tuples(
-    result: sa.CursorResult[Any], processors: Sequence[Callable[[Any], Any] | None] | None = None
-) -> Sequence[Any]:
-    """Every row of ``result`` as a plain tuple, with the values SQLAlchemy would give.
-
-    SQLAlchemy's ``Row`` objects cost about 1 µs a row to build (more than the rest of a page's
-    fetch). So the driver's own ``fetchall`` is read and the result's type processors (e.g. SQLite
-    NUMERIC → Decimal) are applied column by column, which gives the same values
-    (tests/poller/sources/keyset/test_fetch_tuples.py). A result whose internals are not the expected ones is
-    read with ``all()``. ``processors``: one per column, instead of the result's own (a ``SELECT *``
-    has none: :class:`~poller.sources.keyset.table_shape.ResultShape` gives the reflected types' ones).
-    """
-    if processors is None:
-        processors = getattr(getattr(result, "_metadata", None), "_processors", None)
-    cursor = getattr(result, "cursor", None)
-    if not isinstance(processors, list | tuple) or cursor is None:
-        return result.all()
-    try:
-        rows: list[Any] = cursor.fetchall()
-    finally:
-        result.close()
-    active = [(i, p) for i, p in enumerate(processors) if p is not None]
-    if not active or not rows:
-        return rows
-    columns = list(zip(*rows, strict=True))
-    for i, processor in active:
-        columns[i] = tuple(map(processor, columns[i]))
-    return list(zip(*columns, strict=True))

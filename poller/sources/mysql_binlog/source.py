@@ -44,9 +44,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from poller.ports import EventFields, Page, SourceRow
-from poller.snapshot.chunks import signal_of
-from poller.snapshot.coordinator import ChunkSource, LogRead, Signal, SnapshotCoordinator
+from poller.snapshot.contracts import ChunkSource, LogRead, Signal
+from poller.snapshot.coordinator import SnapshotCoordinator
 from poller.snapshot.mysql import MysqlChunkReader, signal_table
+from poller.snapshot.requests import signal_of
 from poller.sources.engines import db_errors, require_driver, source_engine
 from poller.sources.mysql_binlog.position import BinlogPosition, file_number
 from shared.config import PollerConfig

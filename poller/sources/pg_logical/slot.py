@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import sqlalchemy as sa
 
 from poller.ports import Page
-from poller.snapshot.chunks import apply_request
+from poller.snapshot.requests import apply_request
 from shared.config import PollerConfig
 from shared.errors import PositionLostError, SourceError
 from shared.logs import get_logger, ids

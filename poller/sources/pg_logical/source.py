@@ -27,7 +27,7 @@ that already exist are read in chunks beside the stream, emitted from their high
 position on, with DBLog's rule that a key the log changed meanwhile leaves the chunk (see
 :mod:`poller.snapshot.chunks`). The snapshot is the coordinator's
 (:class:`~poller.snapshot.coordinator.SnapshotCoordinator`); this source is the
-:class:`~poller.snapshot.coordinator.LogReader` it walks (its position keys are ``(commit LSN,
+:class:`~poller.snapshot.contracts.LogReader` it walks (its position keys are ``(commit LSN,
 seq)``) and reads the slot through :mod:`poller.sources.pg_logical.peek`.
 """
 
@@ -42,8 +42,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from poller.ports import EventFields, Page, SourceRow
-from poller.snapshot.chunks import ChunkReader, qualified, signal_of, signal_sql
-from poller.snapshot.coordinator import ChunkSource, Fetched, LogRead, Signal, SnapshotCoordinator
+from poller.snapshot.chunks import qualified
+from poller.snapshot.contracts import ChunkSource, LogRead, Signal
+from poller.snapshot.coordinator import Fetched, SnapshotCoordinator
+from poller.snapshot.postgres import ChunkReader, signal_sql
+from poller.snapshot.requests import signal_of
 from poller.sources.engines import db_errors, require_driver, source_engine
 from poller.sources.pg_logical.peek import Buffer, SlotReader
 from poller.sources.pg_logical.pgoutput import Change, Relation

@@ -21,7 +21,8 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from poller.snapshot.chunks import Chunk, ChunkReader, request_statement
+from poller.snapshot.chunks import Chunk
+from poller.snapshot.postgres import ChunkReader, request_statement
 from poller.sources.pg_logical.source import PgLogicalSource
 from poller.state.memory import MemoryStateStore
 from poller.tick.lifecycle import run_tick

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.snapshot.chunks import Chunk, apply_request, signal_of
+from poller.snapshot.chunks import Chunk
 from poller.snapshot.mysql import (
     MysqlChunkReader,
     mysql_request_statement,
@@ -24,6 +24,7 @@ from poller.snapshot.mysql import (
     row_version,
     signal_table,
 )
+from poller.snapshot.requests import apply_request, signal_of
 from poller.snapshot.where import WhereRefused, where_sql
 from shared.config import PollerConfig
 from shared.errors import SourceError

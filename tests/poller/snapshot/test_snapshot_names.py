@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from dbfanout.ops.notify import create_notify_triggers, drop_notify_triggers, missing_notify_triggers
-from poller.snapshot.chunks import request_statement
+from poller.snapshot.postgres import request_statement
 from poller.sources.pg_logical.source import PgLogicalSource, setup_sql
 from poller.state.memory import MemoryStateStore
 from poller.tick.wake import NotifyWaker, notify_channel, notify_trigger_name

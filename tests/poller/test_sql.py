@@ -10,7 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from poller.sources.keyset.source import fetch_tuples
+from poller.sql import fetch_tuples
 
 
 def _typed_table(name: str) -> sa.Table:
