@@ -190,7 +190,11 @@ def _libpq_quote(s: str) -> str:
 
 EMBEDDINGS: dict[str, tuple[st.SearchStrategy[str], Callable[[str], tuple[str, str]]]] = {
     "libpq quoted": (_ANY, lambda s: (f"host=db password={_libpq_quote(s)} port=1", "host=db password='***' port=1")),
-    "libpq bare": (_BARE, lambda s: (f"host=db password={s} port=1", "host=db password=*** port=1")),
+    # A value opening with '{' is ODBC's braced form, not a bare one (hypothesis found '{}')
+    "libpq bare": (
+        _BARE.filter(lambda s: not s.startswith("{")),
+        lambda s: (f"host=db password={s} port=1", "host=db password=*** port=1"),
+    ),
     "URL password": (
         _NO_SPACE.filter(lambda s: "'" not in s and '"' not in s),
         lambda s: (f"postgresql://app:{s}@db/x failed", "postgresql://app:***@db/x failed"),
