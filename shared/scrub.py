@@ -48,19 +48,31 @@ _SECRET_WORDS = (
 _KEY = rf"(?<![A-Za-z0-9_.\-])(?!fencing[_-]?token)[A-Za-z0-9_.\-]*?(?:{_SECRET_WORDS})"
 # A value: quoted with backslash escapes (libpq 'a b\'c', JSON "x\"y", .NET "a""b"), ODBC-braced
 # ({a;b}}c}), or bare up to the next separator.
+_TRIPLE = r"'''.*?'''|\"\"\".*?\"\"\""  # a Python literal's triple quotes: before the single ones
 _SINGLE = r"'(?:[^'\\]|\\.)*'"
 _DOUBLE = r'"(?:[^"\\]|\\.|"")*"'
 _BRACED = r"\{(?:[^}]|\}\})*\}"
 _QUOTED = re.compile(rf"({_SINGLE}|{_DOUBLE}|{_BRACED})", re.DOTALL)
 
 # key=value (connection strings, libpq DSNs, query strings, env dumps): the value, whatever its form.
-_KEY_VALUE = re.compile(rf"(?i)({_KEY}\s*=\s*)(b?{_SINGLE}|{_DOUBLE}|{_BRACED}|[^;&\s'\"<>]+)", re.DOTALL)
+# A bare value may hold a quote inside (``password=x'y``), never at its end before a separator.
+_BARE = r"[^;&\s'\"<>]+(?:['\"][^;&\s'\"<>,}\])]+)*"
+_KEY_VALUE = re.compile(rf"(?i)({_KEY}\s*=\s*)(b?(?:{_TRIPLE})|b?{_SINGLE}|{_DOUBLE}|{_BRACED}|{_BARE})", re.DOTALL)
+# key%3Dvalue: a query string or form URL-encoded once more (a SAS inside a URL): up to %26 (``&``).
+_KEY_VALUE_ENCODED = re.compile(rf"(?i)({_KEY}%3D)((?:(?!%26)[^;&\s'\"<>])+)")
+# ('password', 'x') and ["token", "x"]: a key and its value side by side in a tuple or list repr.
+_KEY_TUPLE = re.compile(rf"(?i)(['\"]{_KEY}['\"]\s*,\s*)(b?{_SINGLE}|{_DOUBLE})", re.DOTALL)
 # key: value (YAML, HTTP headers, JSON "password": "x", Python reprs {'token': b'x'}): a quoted
 # value, or a bare one to the end of its line (a YAML value may hold spaces).
-_KEY_COLON = re.compile(rf"(?i)(['\"]?{_KEY}['\"]?\s*:[ \t]*)(b?{_SINGLE}|{_DOUBLE}|[^\s'\"][^\r\n]*)", re.DOTALL)
+_KEY_COLON = re.compile(
+    rf"(?i)(['\"]?{_KEY}['\"]?\s*:[ \t]*)(b?(?:{_TRIPLE})|b?{_SINGLE}|{_DOUBLE}|[^\s'\"][^\r\n]*)", re.DOTALL
+)
 # scheme://user:password@host — whatever the scheme; the password runs to the last '@' of the
-# address, so a password holding '/' or '@' is masked whole.
-_URL_PASSWORD = re.compile(r"(?i)([a-z][a-z0-9+.\-]*://[^/\s:@'\"]*:)([^\s'\"]*)(@)")
+# line that a host follows (SQLAlchemy takes a password with quotes or spaces unencoded), never
+# into a second URL, so one holding '/', '@', quotes or spaces is masked whole.
+_URL_PASSWORD = re.compile(
+    r"(?i)([a-z][a-z0-9+.\-]*://[^/\s:@'\"]*:)((?:(?!://)[^\r\n])*)(@)(?=[\w.\-\[\]%]+(?:[:/?#\s'\"),;\]}]|$))"
+)
 # Authorization: <scheme> <credential> (and the schemes alone: Bearer, Basic, SharedKey account:sig).
 _AUTHORIZATION = re.compile(r"(?i)(\bauthorization['\"]?\s*:\s*['\"]?(?:[A-Za-z][\w-]*\s+(?=\S))?)([^\s'\",;]+)")
 _SCHEME_TOKEN = re.compile(r"(?i)(\b(?:Bearer|Basic|Digest)\s+)([A-Za-z0-9\-._~+/]+=*)")
@@ -75,6 +87,8 @@ def _masked(match: re.Match[str]) -> str:
     value = match.group(2)
     prefix = "b" if value[:1] in ("b", "B") and value[1:2] in ("'", '"') else ""
     body = value[len(prefix) :]
+    if body[:3] in ("'''", '"""') and len(body) >= 6 and body[-3:] == body[:3]:
+        return f"{match.group(1)}{prefix}{body[:3]}{MASK}{body[:3]}"
     if body[:1] in ("'", '"', "{") and _QUOTED.fullmatch(body):
         return f"{match.group(1)}{prefix}{body[0]}{MASK}{body[-1]}"
     return f"{match.group(1)}{MASK}"
@@ -88,7 +102,9 @@ def scrub(text: str) -> str:
     text = _AUTHORIZATION.sub(rf"\g<1>{MASK}", text)
     text = _SCHEME_TOKEN.sub(rf"\g<1>{MASK}", text)
     text = _SHARED_KEY.sub(rf"\g<1>{MASK}", text)
+    text = _KEY_TUPLE.sub(_masked, text)
     text = _KEY_COLON.sub(_masked, text)
+    text = _KEY_VALUE_ENCODED.sub(rf"\g<1>{MASK}", text)
     return _KEY_VALUE.sub(_masked, text)
 
 

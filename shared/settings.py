@@ -117,7 +117,9 @@ def redact_url(url: str) -> str:
 # Frozen: what a source fingerprint hashes. Changing it would change every existing fingerprint,
 # and a changed fingerprint stops a poller until an operator accepts it; it is not a scrubber (the
 # fingerprint is a hash and never shown): what is shown goes through redact_url.
-_FP_URL_PASSWORD = re.compile(r"(?P<head>://[^/:@]*:)(?P<pw>[^@/]*)(?P<tail>@)")
+# The password as SQLAlchemy's URL parser reads it (``[^@]*``: quotes, spaces and '/' included);
+# wherever the form before issue 39 (``[^@/]*``) matched, this gives the same text.
+_FP_URL_PASSWORD = re.compile(r"(?P<head>://[^/:@]*:)(?P<pw>[^@]*)(?P<tail>@)")
 _FP_SECRET_PARAM = re.compile(r"(?i)((?:password|pwd|secret|token|key|sig)=)[^&;]*")
 
 

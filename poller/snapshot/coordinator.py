@@ -36,11 +36,22 @@ from poller.ports import EventFields, Page, SourceRow
 from poller.snapshot.chunks import Chunk
 from poller.snapshot.contracts import C, ChunkSource, LogReader
 from poller.snapshot.reads import Ahead, ChunkReads, ChunkStopped
-from poller.snapshot.requests import KIND_REQUEST, KIND_WATERMARK, apply_request, initial_state
+from poller.snapshot.requests import (
+    KIND_REQUEST,
+    KIND_WATERMARK,
+    MAX_KEPT_TEXT,
+    MAX_REQUEST_ID,
+    apply_request,
+    bounded,
+    chunk_size,
+    initial_state,
+)
 from poller.snapshot.where import WhereRefused
 from shared.config import PollerConfig
 from shared.logs import get_logger, ids
 from shared.models import Position, SnapshotState
+from shared.scrub import describe_error
+from shared.telemetry import metrics
 
 __all__ = ["Fetched", "SnapshotCoordinator"]
 
@@ -215,7 +226,31 @@ class SnapshotCoordinator(Generic[C]):
             ahead.ready_at = self._log.committed_at(c)
 
     def _request(self, scan: _Scan[C], c: C, signal_id: str, data: dict[str, Any]) -> None:
-        """A ``dbfanout snapshot`` request read from the log: the snapshot state changes here."""
+        """A ``dbfanout snapshot`` request read from the log: the snapshot state changes here.
+
+        A request is input from anyone who can write the signal table: whatever it holds, and
+        whatever checking it raises, it ends as a refused request and the stream goes on in the
+        same fetch (an exception here would fail every fetch that reaches the row, for good)."""
+        try:
+            self._apply_request(scan, c, signal_id, data)
+        except Exception as exc:
+            at = self._log.committed_at(c)
+            reason = f"could not be applied: {describe_error(exc, 2 * MAX_KEPT_TEXT)}"
+            self._refused(signal_id, reason)
+            if scan.state is None or not scan.state.active:
+                scan.state, self._chunk = SnapshotState(
+                    id=bounded(str(signal_id), MAX_REQUEST_ID), tables=(), chunk_size=chunk_size(self._config),
+                    started_at=at, finished_at=at, error=reason,
+                ), None  # fmt: skip
+
+    def _refused(self, signal_id: str, reason: str) -> None:
+        """Warn and count a refused request once (a tick may read its row again before it commits)."""
+        key = f"request-{signal_id}"
+        if key not in self._warned:
+            metrics.failures.add(1, {"stage": "snapshot-request", "poller": self._config.name})
+        self._warn_once(key, "snapshot request %s: %s", bounded(str(signal_id), MAX_REQUEST_ID), reason)
+
+    def _apply_request(self, scan: _Scan[C], c: C, signal_id: str, data: dict[str, Any]) -> None:
         where = self._log.describe(c.key)
         if scan.state is not None and signal_id == scan.state.id:
             # A request row written by hand with the last run's id: the run's event ids must
@@ -225,14 +260,16 @@ class SnapshotCoordinator(Generic[C]):
         at = self._log.committed_at(c)
         state, warning = apply_request(self._config, scan.state, data, signal_id, at, qualify=self._log.qualify)
         if warning:
-            self._warn_once(f"request-{signal_id}", "%s", warning)
+            self._refused(signal_id, warning)
         if state is not None and state.active and state.where is not None:
             try:  # a condition is checked before anything of it runs (a request may come from anyone)
                 self.chunks.check_where(state.tables, state.where)
             except WhereRefused as exc:
                 log.error("poller %s: snapshot %s refused: where %s", self._config.name, signal_id, exc,
                           extra=ids(poller=self._config.name))  # fmt: skip
-                state = replace(state, tables=(), finished_at=at, error=f"where refused: {exc}")
+                metrics.failures.add(1, {"stage": "snapshot-request", "poller": self._config.name})
+                error = bounded(f"where refused: {exc}", 2 * MAX_KEPT_TEXT)  # kept in every checkpoint: bounded
+                state = replace(state, tables=(), finished_at=at, error=error, where=bounded(state.where))
         if state == scan.state:
             return
         if state is not None and state.active and state.estimate is None:

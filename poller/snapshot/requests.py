@@ -29,7 +29,9 @@ __all__ = [
     "KIND_REQUEST",
     "KIND_WATERMARK",
     "Request",
+    "RequestRefused",
     "apply_request",
+    "bounded",
     "chunk_size",
     "initial_state",
     "request_params",
@@ -92,6 +94,24 @@ def request_params(config: PollerConfig, **request: Unpack[Request]) -> dict[str
     return {"poller": config.name, "kind": KIND_REQUEST, "id": uuid.uuid4().hex, "data": dumps(data).decode()}
 
 
+#: Bounds on a request row: anyone who can write the signal table can write one, and what the
+#: state keeps of it is rewritten with every checkpoint.
+MAX_REQUEST_ID = 128
+MAX_TABLES = 1000
+MAX_TABLE_NAME = 512
+MAX_CHUNK_ROWS = 100_000  # a chunk's rows wait in memory for their watermark
+MAX_KEPT_TEXT = 200  # of a refused where (or id) in the state and the log
+
+
+class RequestRefused(ValueError):
+    """A request row that is not a request this poller can run (the message says why)."""
+
+
+def bounded(text: str, limit: int = MAX_KEPT_TEXT) -> str:
+    """``text`` cut to ``limit`` characters (the cut is marked): what a state or a log keeps of input."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def apply_request(
     config: PollerConfig,
     state: SnapshotState | None,
@@ -102,28 +122,90 @@ def apply_request(
     qualify: Callable[[str], str] = qualified,
 ) -> tuple[SnapshotState | None, str | None]:
     """The state after a request row read from the log, and a warning when it was refused
-    (``qualify``: how the log names a table)."""
+    (``qualify``: how the log names a table). Never raises for what the row holds: a refused request
+    ends as a finished snapshot with its ``error`` (unless one is running: that one goes on)."""
+    try:
+        return _apply(config, state, data, request_id, at, qualify)
+    except RequestRefused as exc:
+        reason = f"request {bounded(str(request_id), MAX_REQUEST_ID)} refused: {exc}"
+        if state is not None and state.active:
+            return state, f"{reason}; the running snapshot {state.id} goes on"
+        where = data.get("where") if isinstance(data, Mapping) else None
+        failed = SnapshotState(
+            id=bounded(str(request_id), MAX_REQUEST_ID),
+            tables=(),
+            chunk_size=chunk_size(config),
+            where=bounded(where) if isinstance(where, str) else None,
+            started_at=at,
+            finished_at=at,
+            error=bounded(str(exc), 2 * MAX_KEPT_TEXT),
+        )
+        return failed, reason
+
+
+def _apply(
+    config: PollerConfig,
+    state: SnapshotState | None,
+    data: Mapping[str, Any],
+    request_id: str,
+    at: dt.datetime,
+    qualify: Callable[[str], str],
+) -> tuple[SnapshotState | None, str | None]:
+    if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_REQUEST_ID:
+        raise RequestRefused(f"its id must be a text of 1 to {MAX_REQUEST_ID} characters")
+    if not isinstance(data, Mapping):
+        raise RequestRefused("its data is not a JSON object")
     action = data.get("action")
     if action == "cancel":
         if state is None or not state.active:
             return state, None
         return replace(state, tables=(), last_key=None, finished_at=at, cancelled=True), None
     if action != "snapshot":
-        return state, f"request {request_id}: unknown action {action!r} ignored"
+        shown = (
+            bounded(repr(action), 60) if isinstance(action, str | int | float | bool | None) else type(action).__name__
+        )
+        raise RequestRefused(f"unknown action {shown} (snapshot or cancel)")
     known = [qualify(t) for t in config.tables]
-    asked = data.get("tables") or known
-    tables = [qualify(str(t)) for t in asked]
+    tables = [qualify(t) for t in _tables(data.get("tables"))] or known
     unknown = [t for t in tables if t not in known]
     if unknown:
-        return state, f"request {request_id}: {', '.join(unknown)} not among the poller's tables; ignored"
-    where = data.get("where")
+        raise RequestRefused(f"{bounded(', '.join(unknown))} not among the poller's tables")
     return SnapshotState(
         id=request_id,
         tables=tuple(tables),
-        chunk_size=chunk_size(config, data.get("chunk_size")),
-        where=where if isinstance(where, str) and where.strip() else None,
+        chunk_size=chunk_size(config, _chunk_rows(data.get("chunk_size"))),
+        where=_where(data.get("where")),
         started_at=at,
     ), None
+
+
+def _tables(value: Any) -> list[str]:
+    """A request's ``tables``: null (every table of the poller) or a list of table names."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_TABLES:
+        raise RequestRefused(f"tables must be null or a list of at most {MAX_TABLES} table names")
+    if not all(isinstance(t, str) and 0 < len(t) <= MAX_TABLE_NAME for t in value):
+        raise RequestRefused(f"each of tables must be a table name of 1 to {MAX_TABLE_NAME} characters")
+    return value
+
+
+def _chunk_rows(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_CHUNK_ROWS:
+        raise RequestRefused(f"chunk_size must be null or a whole number from 1 to {MAX_CHUNK_ROWS:,}")
+    return value
+
+
+def _where(value: Any) -> str | None:
+    """A request's ``where`` (null or blank: none). Of another type it is refused, never dropped: a
+    dropped condition would snapshot the whole table."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RequestRefused(f"where must be null or a text, not {type(value).__name__}")
+    return value if value.strip() else None
 
 
 def signal_of(new: Mapping[str, Any] | None, poller: str) -> tuple[str, str, dict[str, Any]] | None:

@@ -36,6 +36,10 @@ __all__ = ["MYSQL_DIALECTS", "PARAM_PREFIX", "WhereRefused", "condition", "where
 #: The bound parameters of a condition are named PARAM_PREFIX + n (none of the chunk select's own).
 PARAM_PREFIX = "dbfanout_w"
 _MAX_LENGTH = 4000  # a condition is a line typed by an operator, not a document
+# The parser and the expression builder recurse per level: a few dozen nested parentheses or NOTs
+# exhaust Python's stack (RecursionError), so nesting is bounded on the text before parsing.
+_MAX_NESTING = 24
+_MAX_TERMS = 200  # AND/OR/NOT/comparison terms: SQLAlchemy compiles a chain recursively too
 _NAMED: sa.Dialect = postgresql.dialect(paramstyle="named")  # type: ignore[no-untyped-call]  # quoting as PostgreSQL, ``:name`` binds for sa.text
 _MYSQL_NAMED: sa.Dialect = mysql.dialect(paramstyle="named")  # backticks, ``:name`` binds
 #: SQLAlchemy dialect names (``engine.dialect.name``) read and written as MySQL (MariaDB's is "mysql" too).
@@ -68,7 +72,10 @@ def where_sql(text: str, columns: Collection[str], dialect: str = "postgresql") 
     ``:dbfanout_wN`` binds) and its parameters. Raises :class:`WhereRefused`."""
     mysql_rules = dialect in MYSQL_DIALECTS
     expression, params = _convert(text, columns, mysql_rules)
-    sql = str(expression.compile(dialect=_MYSQL_NAMED if mysql_rules else _NAMED))
+    try:
+        sql = str(expression.compile(dialect=_MYSQL_NAMED if mysql_rules else _NAMED))
+    except RecursionError as exc:
+        raise WhereRefused("the condition is nested too deeply") from exc
     # sa.text reads ``:word`` as a bind: escape every colon but our own binds' (a quoted column
     # name may hold one). The names are ours: no value or identifier of the input is a bind name.
     sql = re.sub(r":(?!" + PARAM_PREFIX + r"\d+\b)", r"\\:", sql)
@@ -82,6 +89,47 @@ def _convert(
         raise WhereRefused("the condition is empty")
     if len(text) > _MAX_LENGTH:
         raise WhereRefused(f"the condition is longer than {_MAX_LENGTH} characters")
+    _check_nesting(text)
+    try:
+        return _parse(text, columns, mysql_rules)
+    except RecursionError as exc:  # a bound above missed a shape: refuse it, never stall the poller
+        raise WhereRefused("the condition is nested too deeply") from exc
+
+
+def _check_nesting(text: str) -> None:
+    """Refuse a condition nested more than :data:`_MAX_NESTING` deep (open parentheses plus the NOTs
+    applied one to another), or of more than :data:`_MAX_TERMS` terms, counted outside quoted
+    strings and identifiers, in linear time."""
+    nots: list[int] = [0]  # per open parenthesis, the NOTs in a row before it (and now, last)
+    deepest = terms = 0
+    quote = ""
+    for word in _TOKENS.finditer(text):
+        token = word.group(0)
+        if quote:
+            quote = "" if token == quote else quote
+        elif token in ("'", '"', "`"):
+            quote = token
+        elif token == "(":
+            nots.append(0)
+        elif token == ")":
+            nots = nots[:-1] or [0]
+            nots[-1] = 0
+        elif token.upper() == "NOT":
+            nots[-1] += 1
+        elif not token.startswith("\\"):
+            nots[-1] = 0
+            terms += 1
+        deepest = max(deepest, len(nots) - 1 + sum(nots))
+    if deepest > _MAX_NESTING:
+        raise WhereRefused(f"the condition nests more than {_MAX_NESTING} levels of parentheses and NOTs")
+    if terms > _MAX_TERMS:
+        raise WhereRefused(f"the condition has more than {_MAX_TERMS} terms (comparisons, AND, OR)")
+
+
+_TOKENS = re.compile(r"'|\"|`|\\.|\(|\)|\b(?:NOT|AND|OR|IS|IN|BETWEEN)\b|[=<>!]+", re.I)
+
+
+def _parse(text: str, columns: Collection[str], mysql_rules: bool) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:
     try:
         import sqlglot
         from sqlglot.errors import SqlglotError
@@ -152,8 +200,11 @@ def _predicate(node: Any, parts: _Parts) -> sa.ColumnElement[bool]:
             raise _refuse(node, "IN needs at least one value")
         return _column(node.this, parts).in_(values)
     if isinstance(node, exp.Between):
+        subject = _operand(node.this, parts)
         low, high = _operand(node.args["low"], parts), _operand(node.args["high"], parts)
-        between: sa.ColumnElement[bool] = _operand(node.this, parts).between(low, high)
+        between: sa.ColumnElement[bool] = subject.between(low, high)
+        if node.args.get("symmetric"):  # BETWEEN SYMMETRIC: either order of the bounds (PostgreSQL)
+            return sa.or_(between, subject.between(high, low))
         return between
     if isinstance(node, exp.Is):
         if not isinstance(node.expression, exp.Null):

@@ -87,6 +87,20 @@ SHAPES = {
         "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=S3CRET==;EndpointSuffix=core.windows.net",
         "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=***;EndpointSuffix=core.windows.net",
     ),
+    # Issue 39: the shapes that leaked before.
+    "URL password with a quote, a double quote and a space": (
+        "connect postgresql+psycopg://app:S3 C'R\"ET@db.example:5432/shop failed",
+        "connect postgresql+psycopg://app:***@db.example:5432/shop failed",
+    ),
+    "two URLs on one line": (
+        "postgresql://a:S3CRET@h1/db then mysql://b:S3CRET2@h2/db",
+        "postgresql://a:***@h1/db then mysql://b:***@h2/db",
+    ),
+    "URL-encoded sig": ("?sr=x&sv=1%26sig%3DS3CRET%2Bx%26se%3D1", "?sr=x&sv=1%26sig%3D***%26se%3D1"),
+    "URL-encoded password": ("next=%2Fx%3Fpassword%3DS3CRET%26a%3D1", "next=%2Fx%3Fpassword%3D***%26a%3D1"),
+    "triple-quoted Python literal": ("client_secret='''S3CRET''' x", "client_secret='''***''' x"),
+    "bare value holding a quote": ("host=db password=S3'CRET port=1", "host=db password=*** port=1"),
+    "tuple repr": ("[('user', 'u'), ('password', 'S3CRET')]", "[('user', 'u'), ('password', '***')]"),
     "SAS URL": (
         "https://acct.blob.core.windows.net/c/b?sv=2024-01-01&se=2026&sig=S3CRET",
         "https://acct.blob.core.windows.net/c/b?sv=2024-01-01&se=2026&sig=***",
@@ -176,9 +190,18 @@ def _libpq_quote(s: str) -> str:
 
 EMBEDDINGS: dict[str, tuple[st.SearchStrategy[str], Callable[[str], tuple[str, str]]]] = {
     "libpq quoted": (_ANY, lambda s: (f"host=db password={_libpq_quote(s)} port=1", "host=db password='***' port=1")),
-    "libpq bare": (_BARE, lambda s: (f"host=db password={s} port=1", "host=db password=*** port=1")),
+    # A value opening with '{' is ODBC's braced form, not a bare one (hypothesis found '{}')
+    "libpq bare": (
+        _BARE.filter(lambda s: not s.startswith("{")),
+        lambda s: (f"host=db password={s} port=1", "host=db password=*** port=1"),
+    ),
     "URL password": (
         _NO_SPACE.filter(lambda s: "'" not in s and '"' not in s),
+        lambda s: (f"postgresql://app:{s}@db/x failed", "postgresql://app:***@db/x failed"),
+    ),
+    # SQLAlchemy takes quotes and spaces unencoded: anything but a line break and '://' (issue 39)
+    "URL password, any printable": (
+        _ANY.filter(lambda s: "://" not in s and "\n" not in s and "\r" not in s),
         lambda s: (f"postgresql://app:{s}@db/x failed", "postgresql://app:***@db/x failed"),
     ),
     "ODBC braced": (_ANY, lambda s: ("Server=x;PWD={" + s.replace("}", "}}") + "};UID=u", "Server=x;PWD={***};UID=u")),

@@ -55,7 +55,7 @@ from shared.errors import ConfigError, FetchError, SourceError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger
 from shared.models import Checkpoint, CursorValue, Position, SnapshotState
-from shared.settings import redact_url
+from shared.settings import fingerprint_url, redact_url
 
 __all__ = ["MysqlBinlogSource", "qualified_tables", "table_qualifier"]
 
@@ -114,7 +114,12 @@ class MysqlBinlogSource:
         self._tables = qualified_tables(config, sa.make_url(config.source_url).database)
         self._qualify = table_qualifier(config)
         self._fingerprint = source_fingerprint(
-            {"url": self._url, "kind": "mysql_binlog", "tables": sorted(self._tables), "pk": list(config.pk)}
+            {
+                "url": fingerprint_url(config.source_url),
+                "kind": "mysql_binlog",
+                "tables": sorted(self._tables),
+                "pk": list(config.pk),
+            }
         )
         self._lock = threading.Lock()
         self._reader: Any = None  # the open BinlogReader (poller.sources.mysql_binlog.reader), if any

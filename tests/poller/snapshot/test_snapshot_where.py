@@ -7,6 +7,7 @@ logic: NULL compares unknown); hostile inputs are refused before anything runs.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -195,3 +196,50 @@ def test_arbitrary_text_is_refused_or_becomes_a_fragment_of_columns_and_binds_on
                ">=", "(", ")", ",", *(f":{key}" for key in params), *COLUMNS, *(f'"{c}"' for c in COLUMNS)}  # fmt: skip
     tokens = re.findall(r'"[^"]*"|:\w+|\w+|[<>=!]+|\S', fragment)
     assert set(tokens) <= allowed, (text, fragment)
+
+
+# Issue 39: shapes that raised something other than WhereRefused (RecursionError inside the parser),
+# which stalled the poller whose fetch reached the request; and BETWEEN SYMMETRIC read as BETWEEN.
+DEEP = {
+    "47 nested parentheses": "(" * 47 + "id = 1" + ")" * 47,
+    "98 NOTs": "NOT " * 98 + "id = 1",
+    "NOT and parentheses interleaved": "NOT (" * 40 + "id = 1" + ")" * 40,
+    "a chain of 1,000 ORs": " OR ".join(["id = 1"] * 1000)[:4000],
+}
+
+
+@pytest.mark.parametrize("text", DEEP.values(), ids=DEEP.keys())
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql"])
+def test_deep_nesting_is_refused_with_the_reason_never_a_recursion_error(text: str, dialect: str) -> None:
+    with pytest.raises(WhereRefused, match=r"nests more than|more than .* terms"):
+        where_sql(text, set(COLUMNS), dialect)
+
+
+def test_moderate_nesting_still_works() -> None:
+    fragment, _ = where_sql("(" * 10 + "NOT " * 10 + "id = 1" + ")" * 10, set(COLUMNS))
+    assert "id" in fragment
+
+
+_TOKEN_SOUP = st.lists(
+    st.sampled_from(["(", ")", "NOT", "AND", "OR", "id", "n", "=", "<", "1", "'a'", "'('", "IN", "BETWEEN",
+                     "SYMMETRIC", "IS", "NULL", ",", ";", "--", "\\", '"', "`", "TRUE"]),
+    max_size=400,
+).map(" ".join)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.one_of(_TOKEN_SOUP, st.text(max_size=300)), dialect=st.sampled_from(["postgresql", "mysql"]))
+def test_any_text_is_a_fragment_or_a_refusal_never_another_error(text: str, dialect: str) -> None:
+    # Given any text an operator or a signal-table writer can store as a request's where
+    # Then checking it returns a fragment or raises WhereRefused: nothing else escapes
+    with contextlib.suppress(WhereRefused):
+        where_sql(text, set(COLUMNS), dialect)
+
+
+def test_between_symmetric_accepts_the_bounds_in_either_order(table: tuple[sa.Engine, str]) -> None:
+    engine, name = table
+    fragment, params = where_sql("id BETWEEN SYMMETRIC 3 AND 1", set(COLUMNS))
+    with engine.connect() as conn:
+        got = set(conn.execute(sa.text(f"SELECT id FROM {name} WHERE {fragment}"), params).scalars())
+        want = set(conn.execute(sa.text(f"SELECT id FROM {name} WHERE id BETWEEN SYMMETRIC 3 AND 1")).scalars())
+    assert got == want and got
