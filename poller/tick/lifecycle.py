@@ -265,7 +265,9 @@ class Tick:
             return TickResult(self.name, reason, fencing_token=keeper.fencing_token)
 
     def linger_deadline(self, next_occurrence: dt.datetime | None) -> float | None:
-        """When a lingering tick must end (on ``monotonic``), or None when it must not linger."""
+        """When a lingering tick must end (on ``monotonic``), or None when it must not linger:
+        ``linger_seconds`` after its start or :data:`LINGER_MARGIN` before ``next_occurrence`` (the
+        timer's next firing, when known), whichever comes first."""
         budget = self.poller.linger_seconds
         if budget <= 0:
             return None
