@@ -16,7 +16,7 @@ every page accepted meanwhile; a tick never ends (nor releases) before its last 
 Failure branches name their window (W1-W7, see the operations guide). Ordinary outcomes (lease
 held elsewhere, lease lost mid-tick, caught up, a broker refusing sends) are results; failures
 that need attention raise after the lease was released. A refusing broker (queue full,
-throttled, unreachable) is a state the sink's decorator keeps (:mod:`poller.sinks.refusals`): the
+throttled, unreachable) is a state the sink's decorator keeps (:mod:`poller.tick.backoff`): the
 tick backs off, keeps its checkpoint and its lease, and a tick inside the backoff window returns
 before any request.
 """
@@ -35,8 +35,7 @@ from typing import Literal
 
 from poller.lease.keeper import LeaseKeeper, PerTickLease, TickLease
 from poller.ports import Page, Sink, Source, StateStore
-from poller.sinks.refusals import RefusalBackoff
-from poller.tick.backoff import SinkRefusals
+from poller.tick.backoff import RefusalBackoff, SinkRefusals
 from poller.tick.commits import Commits
 from poller.tick.committer import Committer
 from poller.tick.events import page_batch
@@ -107,7 +106,7 @@ def run_tick(
     ``lease``: the process's :class:`~poller.lease.keeper.StickyLease` (kept across ticks; without
     it the tick acquires and releases its own). ``next_occurrence``, ``stop`` and ``waker`` bound
     and wake a lingering tick (:meth:`Tick.linger`). ``refusals`` carries a refusing broker's
-    backoff across ticks, wrapped around ``sink`` (:class:`~poller.sinks.refusals.RefusalBackoff`):
+    backoff across ticks, wrapped around ``sink`` (:class:`~poller.tick.backoff.RefusalBackoff`):
     a tick inside its window returns ``sink_refusing`` at once. Without it each tick starts afresh.
     """
     sending = RefusalBackoff(
