@@ -14,7 +14,7 @@ transitions each write sends are :mod:`poller.lease.protocol`'s, the renewer thr
 * :class:`StickyLease` keeps the keeper between ticks, reloads after a failed CAS (a take-over),
   gives the lease up after a failed tick and releases it on a graceful stop.
 
-About 470 lines, over R13's ~400, for a reason: the keeper's flags (lost, ambiguous, doubtful)
+About 480 lines, over R13's ~400, for a reason: the keeper's flags (lost, ambiguous, doubtful)
 and the sticky lease that reads them between ticks are one state machine, and take, keep, renew
 and release are decided in one module; the pure transitions (:mod:`poller.lease.protocol`) and
 the renewer thread (:mod:`poller.lease.renewer`) are apart.
