@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from azure.core.exceptions import ResourceExistsError
 
-from poller.lease.keeper import default_skew_margin
+from poller.lease.protocol import default_skew_margin
 from poller.ports import Snapshot
 from poller.state.blob import BlobStateStore, blob_errors
 from shared.codec import decode_position, decode_snapshot, dumps, encode_state, loads

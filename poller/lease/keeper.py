@@ -1,162 +1,50 @@
-"""The lease, all of it: the protocol's pure transitions, and the lease's life in a process.
+"""The lease's life in a process: the keeper of one tick, the lease kept across ticks.
 
 The only module the tick (:mod:`poller.tick.lifecycle`) calls for the lease: it takes a :class:`TickLease`
 at its start — :class:`StickyLease` (kept across ticks by a running app) or :class:`PerTickLease`
 (acquired and released each tick) — works under the :class:`LeaseKeeper` it gets, and finishes
-with it. Take, keep, renew, release and take-over are decided here and nowhere else:
+with it. Take, keep, renew, release and take-over are decided here and nowhere else; the pure
+transitions each write sends are :mod:`poller.lease.protocol`'s, the renewer thread is
+:mod:`poller.lease.renewer`'s.
 
-* The transitions (:func:`acquired`, :func:`heartbeated`, :func:`committed`, :func:`released`)
-  are pure functions of a :class:`~shared.models.StateDoc` and a clock reading; each StateStore
-  adapter sends their result in exactly one conditional write (STYLE R1,
-  :class:`~poller.state.store.ConditionalStateStore`), so the blob store and the in-memory fake
-  cannot drift apart.
 * :class:`LeaseKeeper` holds the snapshot of one tick: commits extend the lease in the same
   write, heartbeats go out only when the remaining time runs low (R11; half the TTL, see
   :mod:`shared.lease_margins` for why two timed-out heartbeats still fit before expiry), and a
   background renewer stores a lost lease so the next commit refuses to write (seed case H).
 * :class:`StickyLease` keeps the keeper between ticks, reloads after a failed CAS (a take-over),
   gives the lease up after a failed tick and releases it on a graceful stop.
+
+About 480 lines, over R13's ~400, for a reason: the keeper's flags (lost, ambiguous, doubtful)
+and the sticky lease that reads them between ticks are one state machine, and take, keep, renew
+and release are decided in one module; the pure transitions (:mod:`poller.lease.protocol`) and
+the renewer thread (:mod:`poller.lease.renewer`) are apart.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Literal, Protocol
 
+from poller.lease.protocol import Clock, same_holder, utcnow
+from poller.lease.renewer import RENEWALS
 from poller.ports import Snapshot, StateStore
 from shared.errors import (
     CommitAmbiguousError,
     CommitError,
     DbFanoutError,
-    FingerprintMismatchError,
     LostLeaseError,
     StateUnavailableError,
 )
 from shared.lease_margins import renew_interval, renew_threshold
 from shared.logs import get_logger, ids
-from shared.models import Checkpoint, Lease, StateDoc
+from shared.models import Checkpoint
 
-__all__ = [
-    "Clock",
-    "LeaseKeeper",
-    "PerTickLease",
-    "StickyLease",
-    "TickLease",
-    "acquired",
-    "check_poller_name",
-    "committed",
-    "default_skew_margin",
-    "heartbeated",
-    "released",
-    "same_holder",
-    "utcnow",
-]
+__all__ = ["LeaseKeeper", "PerTickLease", "StickyLease", "TickLease"]
 
 log = get_logger("poller.lease")
-
-#: Returns the current time, tz-aware. Injected everywhere time matters (tests use a fake).
-Clock = Callable[[], dt.datetime]
-
-_MAX_SKEW = dt.timedelta(seconds=5)
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def default_skew_margin(ttl: dt.timedelta) -> dt.timedelta:
-    """How long past ``expires_at`` a lease stays untouchable: ``min(ttl / 2, 5 s)``."""
-    return min(ttl / 2, _MAX_SKEW)
-
-
-# --------------------------------------------------------------------------------------------
-# Pure transitions (seed 002 §6-§8)
-
-
-def acquired(
-    current: StateDoc | None,
-    poller_name: str,
-    owner_id: str,
-    ttl: dt.timedelta,
-    fingerprint: str,
-    now: dt.datetime,
-    skew_margin: dt.timedelta,
-) -> StateDoc | None:
-    """The document that makes ``owner_id`` the holder, or None when the lease is still held.
-
-    A new document starts at fencing token 1; a lapsed (or released) lease is taken with the
-    token bumped by one. A live lease that already names ``owner_id`` is ours (an earlier
-    acquire or heartbeat landed although its answer was lost): it is renewed with its token
-    kept, since no one else can have written under it. A document written for another source
-    definition is never taken: FingerprintMismatchError (seed 002 §9: reject execution until an
-    explicit reset).
-    """
-    if current is None:
-        return StateDoc(
-            poller_name=poller_name,
-            source_fingerprint=fingerprint,
-            lease=Lease(owner_id, 1, acquired_at=now, heartbeat_at=now, expires_at=now + ttl),
-        )
-    if current.source_fingerprint != fingerprint:
-        raise FingerprintMismatchError(
-            f"poller {poller_name!r}: the state blob was written for source {current.source_fingerprint!r}, "
-            f"this poller's source is {fingerprint!r}"
-        )
-    lease = current.lease
-    if not lease.is_free(now, skew_margin):
-        if lease.owner_id != owner_id:
-            return None
-        # Owner ids carry a per-process nonce, so this is our own hold: adopt its token.
-        return current.with_lease(replace(lease, heartbeat_at=now, expires_at=now + ttl))
-    token = current.lease.fencing_token + 1
-    return current.with_lease(Lease(owner_id, token, acquired_at=now, heartbeat_at=now, expires_at=now + ttl))
-
-
-def _require_owner(doc: StateDoc, op: str) -> Lease:
-    if doc.lease.owner_id is None:
-        raise LostLeaseError(f"{op}: the snapshot holds no lease (released or never acquired); nothing was written")
-    return doc.lease
-
-
-def heartbeated(doc: StateDoc, ttl: dt.timedelta, now: dt.datetime) -> StateDoc:
-    """Same owner and token, ``expires_at = now + ttl``."""
-    lease = _require_owner(doc, "heartbeat")
-    return doc.with_lease(replace(lease, heartbeat_at=now, expires_at=now + ttl))
-
-
-def committed(doc: StateDoc, checkpoint: Checkpoint, ttl: dt.timedelta | None, now: dt.datetime) -> StateDoc:
-    """The checkpoint replaced; with ``ttl`` the lease is extended in the same write."""
-    lease = _require_owner(doc, "commit")
-    new = doc.with_checkpoint(checkpoint)
-    if ttl is not None:
-        new = new.with_lease(replace(lease, heartbeat_at=now, expires_at=now + ttl))
-    return new
-
-
-def released(doc: StateDoc, now: dt.datetime) -> StateDoc:
-    """No owner and ``expires_at = now``: anyone may take it at once. The token is kept."""
-    lease = _require_owner(doc, "release")
-    return doc.with_lease(replace(lease, owner_id=None, heartbeat_at=now, expires_at=now))
-
-
-def check_poller_name(doc: StateDoc, poller_name: str) -> None:
-    """An operator write must target the poller's own blob."""
-    if doc.poller_name != poller_name:
-        raise ValueError(f"state document for poller {doc.poller_name!r} cannot be written to {poller_name!r}")
-
-
-def same_holder(a: Lease, b: Lease) -> bool:
-    return a.owner_id is not None and a.owner_id == b.owner_id and a.fencing_token == b.fencing_token
-
-
-# --------------------------------------------------------------------------------------------
-# LeaseKeeper
 
 
 class LeaseKeeper:
@@ -168,13 +56,13 @@ class LeaseKeeper:
     * Three threads share a keeper: the *tick* (acquire, send, release; inline commits), the
       *committer* (commits and their W5 resolution when ``max_uncommitted_batches`` > 1) and the
       *renewer* (:meth:`heartbeat_if_due`; the process's one renewer thread serves every running
-      tick's keeper, see :class:`_Renewals`).
+      tick's keeper, see :class:`~poller.lease.renewer.Renewals`).
     * One lock, the keeper's, guards the snapshot and the three flags below, and is held across
       every store call, so a heartbeat and a commit never race for the same ETag (a tick's own
       heartbeat may wait for a commit's request, at most the store's request timeout, and vice
       versa; the background renewer never waits: it skips a keeper whose lock is held, since the
       commit holding it extends the lease).
-    * The renewer also takes the :class:`_Renewals` condition, never while holding a keeper's lock
+    * The renewer also takes the :class:`~poller.lease.renewer.Renewals` condition, never while holding a keeper's lock
       (it renews outside it), and a keeper's lock is never held while waiting on that condition.
     * The committer's condition guards only its own queue (pending, landed, error, closing); it
       is never held while a commit runs, so the two locks never nest and cannot deadlock.
@@ -384,14 +272,14 @@ class LeaseKeeper:
 
         A lost lease is stored (the next ``commit``/``check`` raises it) and ends the renewal;
         transient failures are logged and retried on the next interval. The renewals run on the
-        process's one renewer thread (:class:`_Renewals`), not on a thread per tick.
+        process's one renewer thread (:class:`~poller.lease.renewer.Renewals`), not on a thread per tick.
         """
         period = interval if interval is not None else renew_interval(self._ttl.total_seconds())
-        _RENEWALS.add(self, period)
+        RENEWALS.add(self, period)
         try:
             yield self
         finally:
-            _RENEWALS.remove(self)  # returns once no heartbeat of this keeper is running
+            RENEWALS.remove(self)  # returns once no heartbeat of this keeper is running
 
     def renew_once(self) -> bool:
         """One background renewal (never raises). False when the lease is lost: stop renewing it."""
@@ -588,79 +476,3 @@ class StickyLease:
             self._on_not_owner()
         except Exception as exc:  # a hook must not turn a lease outcome into a failed tick
             log.warning("on_not_owner failed: %r", exc, extra=ids(poller=self.store.poller_name))
-
-
-class _Renewals:
-    """One daemon thread renews the keepers of every running tick of the process (R11).
-
-    A tick registers its keeper for its duration (:meth:`LeaseKeeper.renewing_in_background`);
-    the thread calls :meth:`LeaseKeeper.renew_once` on each keeper every ``interval``. A keeper
-    whose commit is in flight is skipped for that round (the commit extends the lease). A thread
-    started and joined per tick cost about a fifth of an idle tick's CPU (BENCHMARKS.md, issue 23).
-
-    A keeper added is only worth waking the thread for when it is due before the thread's own
-    wake-up: an idle tick ends long before its first renewal, and waking the thread at each of
-    100 ticks a second cost a thread switch each (BENCHMARKS.md, issue 31). With no keeper the
-    thread looks again after the last keeper's interval, so the next tick's keeper (due one
-    interval after it starts) is never earlier than that.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._due: dict[LeaseKeeper, tuple[float, float]] = {}  # keeper -> (interval, next renewal)
-        self._running: LeaseKeeper | None = None
-        self._thread: threading.Thread | None = None
-        self._wakes_at = -math.inf  # when the waiting thread wakes by itself
-        self._idle_wait = 1.0  # how long it waits with no keeper: the last keeper's interval
-        self.wakes = 0  # times the thread woke to look at the keepers (tests)
-
-    def add(self, keeper: LeaseKeeper, interval: float) -> None:
-        with self._cond:
-            due = time.monotonic() + interval
-            self._due[keeper] = (interval, due)
-            self._idle_wait = interval
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
-                self._thread.start()
-            if due < self._wakes_at:
-                self._cond.notify_all()
-
-    def remove(self, keeper: LeaseKeeper) -> None:
-        with self._cond:
-            self._due.pop(keeper, None)
-            while self._running is keeper:
-                self._cond.wait()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                keeper = self._next_due()
-                self._running = keeper
-            try:
-                keep = keeper.renew_once()
-            finally:
-                with self._cond:
-                    if not keep:
-                        self._due.pop(keeper, None)
-                    self._running = None
-                    self._cond.notify_all()
-
-    def _next_due(self) -> LeaseKeeper:
-        """Under the condition: wait for the keeper due first, and schedule its next renewal."""
-        while True:
-            if not self._due:  # look again after the last interval: a tick added by then needs no notify
-                self._wakes_at = time.monotonic() + self._idle_wait
-                self._cond.wait(self._idle_wait)
-            else:
-                keeper, (interval, due) = min(self._due.items(), key=lambda item: item[1][1])
-                wait = due - time.monotonic()
-                if wait <= 0:
-                    self._wakes_at = -math.inf  # renewing, not waiting: add() need not notify
-                    self._due[keeper] = (interval, time.monotonic() + interval)
-                    return keeper
-                self._wakes_at = due
-                self._cond.wait(wait)
-            self.wakes += 1
-
-
-_RENEWALS = _Renewals()

@@ -28,7 +28,7 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.identity import DefaultAzureCredential
 from azure.storage.blob import BlobClient, BlobServiceClient, ContainerClient, ContentSettings, LinearRetry
 
-from poller.lease.keeper import Clock, utcnow
+from poller.lease.protocol import Clock, utcnow
 from poller.ports import Snapshot
 from poller.state.store import ConditionalStateStore, WriteOp
 from shared.codec import decode_state, encode_state

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from poller.lease.keeper import Clock, utcnow
+from poller.lease.protocol import Clock, utcnow
 from poller.ports import Snapshot
 from poller.state.store import ConditionalStateStore, WriteOp
 from shared.codec import decode_state, encode_state

@@ -2,7 +2,7 @@
 
 :class:`ConditionalStateStore` implements the :class:`~poller.ports.StateStore` operations once:
 it reads the state (``load``), computes the next document with the pure transitions of
-:mod:`poller.lease.keeper`, and hands it to the adapter's one conditional write (``put``: create when
+:mod:`poller.lease.protocol`, and hands it to the adapter's one conditional write (``put``: create when
 there is no ETag, compare-and-swap on it otherwise; STYLE R1). The blob store and the in-memory
 fake differ only in how they read and write bytes, so their lease decisions cannot drift apart.
 """
@@ -13,7 +13,7 @@ import datetime as dt
 from abc import ABC, abstractmethod
 from typing import Literal
 
-from poller.lease.keeper import (
+from poller.lease.protocol import (
     Clock,
     acquired,
     check_poller_name,

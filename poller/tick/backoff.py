@@ -23,6 +23,10 @@ accepted past it) and hands the refusal to the poller's :class:`SinkRefusals`, w
 The backoff itself lives in process memory (per poller runtime): a new process tries once at
 its first tick, then backs off on its own; a process that finds the lease held elsewhere
 forgets its refusal (the holder reports it).
+
+The tick meets it as its sink: :class:`RefusalBackoff` wraps the poller's sink, counts what the
+broker accepted, and is asked, once each, whether a send may be tried (before any request), what
+the lease's state says, what a refusal changes and that the tick ended.
 """
 
 from __future__ import annotations
@@ -35,14 +39,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from poller.ports import Sink
 from shared.errors import BrokerRefusingError, RefusalReason
 from shared.logs import get_logger, ids
+from shared.models import Batch, Checkpoint
 from shared.scrub import scrub
 from shared.telemetry import metrics
 
-__all__ = ["METADATA_KEY", "BackoffSchedule", "SinkRefusals", "refusal_from_metadata"]
+__all__ = ["METADATA_KEY", "BackoffSchedule", "RefusalBackoff", "SinkRefusals", "refusal_from_metadata"]
 
 log = get_logger("poller.backoff")
+tick_log = get_logger("poller.tick")  # the tick's lines, as they were before the sink was wrapped
 
 #: The key of the refusal in the state blob's ``checkpoint.metadata`` (read by ``dbfanout status``).
 METADATA_KEY = "sink_refusing"
@@ -226,6 +233,61 @@ class SinkRefusals:
         if refusal is None:
             return {}
         return {"since": refusal.since.isoformat(), "reason": refusal.reason, "error": refusal.error[:500]}
+
+
+class RefusalBackoff:
+    """A sink that backs off while the broker refuses sends (one poller's, across its ticks)."""
+
+    def __init__(self, sink: Sink, refusals: SinkRefusals, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.inner = sink
+        self.refusals = refusals
+        self._monotonic = monotonic
+
+    def send(self, batch: Batch) -> None:
+        """Send through the wrapped sink; a :class:`BrokerRefusingError` propagates to the tick,
+        which lands what was accepted before it and then calls :meth:`refused`."""
+        self.inner.send(batch)
+        self.refusals.accepted(len(batch.events))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def backoff_over(self, until: float | None, stop: threading.Event) -> bool:
+        """Whether a send may be tried now: no backoff, or its window ended (a lingering tick,
+        ``until`` its end, waits for the window when it ends first; ``stop`` cuts the wait)."""
+        wait = self.refusals.wait_seconds()
+        if wait <= 0:
+            return True
+        if until is None or self._monotonic() + wait >= until:
+            keys = ids(poller=self.refusals.poller, retry_in_seconds=round(wait, 1))
+            tick_log.debug("the broker refuses sends; backing off", extra=keys)
+            return False
+        return not stop.wait(wait)
+
+    def lease_taken(self, checkpoint: Checkpoint | None) -> None:
+        """The tick's lease outcome: the loaded checkpoint (a persisted refusal is adopted), or
+        None when another instance holds the lease (it sends, and backs off, for the poller now)."""
+        if checkpoint is None:
+            self.refusals.forget()
+        else:
+            self.refusals.adopt(checkpoint.metadata)
+
+    def refused(self, error: BrokerRefusingError, checkpoint: Checkpoint) -> Checkpoint | None:
+        """Back off; a refusal that starts here returns ``checkpoint`` marked with it (same
+        position), for the tick to write to the state blob once (``dbfanout status``, other
+        processes). None while a refusal goes on."""
+        if not self.refusals.refused(error):
+            return None
+        return Checkpoint(
+            position=checkpoint.position,
+            last_successful_batch_id=checkpoint.last_successful_batch_id,
+            updated_at=checkpoint.updated_at,
+            metadata={**checkpoint.metadata, METADATA_KEY: self.refusals.metadata()},
+        )
+
+    def tick_ended(self, *, caught_up: bool) -> None:
+        """A tick ended without a refusal: one whose sends were accepted ends the refusal."""
+        self.refusals.tick_ended(caught_up=caught_up)
 
 
 def _since(persisted: Mapping[str, Any] | None) -> dt.datetime | None:

@@ -304,6 +304,23 @@ def _page_json(
     event_ids = ids.of_columns(pk, event_cursor) if distinct is None else ids.of_columns(pk, *distinct)
     if event_ids is None:
         return None
+    template = _template(json, cursor_json, pk_names, ops, table)
+    values = [json[p][0] for p in pk_names] + [cursor_json[0]] + [c[0] for c in json.values()]
+    if ops is not None:
+        values.insert(0, list(map(_OP_BYTES.__getitem__, ops)))
+    ids_bytes = "\x1f".join(event_ids).encode().split(b"\x1f")  # ids are ASCII: three C calls
+    return event_ids, list(map(template.__mod__, zip(ids_bytes, *values, strict=True)))
+
+
+def _template(
+    json: dict[str, ColumnJson],
+    cursor_json: ColumnJson,
+    pk_names: tuple[str, ...],
+    ops: list[str] | None,
+    table: str | None,
+) -> bytes:
+    """The event object's bytes %-template: a slot per value (id, op, pk, cursor, after), one
+    ``"types"`` object for every event."""
     types: dict[str, Any] = {"cursor": cursor_json[2]} if cursor_json[2] is not None else {}
     if pk_tags := {p: json[p][2] for p in pk_names if json[p][2] is not None}:
         types["pk"] = pk_tags
@@ -327,11 +344,7 @@ def _page_json(
         + (b',"table":' + _literal(table) if table is not None else b"")
         + b"}"
     )
-    values = [json[p][0] for p in pk_names] + [cursor_json[0]] + [c[0] for c in json.values()]
-    if ops is not None:
-        values.insert(0, list(map(_OP_BYTES.__getitem__, ops)))
-    ids_bytes = "\x1f".join(event_ids).encode().split(b"\x1f")  # ids are ASCII: three C calls
-    return event_ids, list(map(template.__mod__, zip(ids_bytes, *values, strict=True)))
+    return template
 
 
 _OP_BYTES = {"upsert": b"upsert", "delete": b"delete"}

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from poller.lease.keeper import _RENEWALS, LeaseKeeper, utcnow
+from poller.lease.keeper import LeaseKeeper
+from poller.lease.protocol import utcnow
+from poller.lease.renewer import RENEWALS
 from poller.ports import Snapshot, StateStore
 from poller.state.memory import MemoryStateStore
 from shared.errors import CommitAmbiguousError, CommitError, LostLeaseError, StateUnavailableError
@@ -227,10 +229,10 @@ def test_ticks_shorter_than_the_renewal_interval_do_not_wake_the_renewer_thread(
     # Given the process's renewer thread, started by a first tick that renews every 5 s
     with keeper.renewing_in_background(interval=5.0):
         pass
-    wakes = _RENEWALS.wakes
+    wakes = RENEWALS.wakes
     # When 100 idle ticks each hold their keeper for 1 ms (their read; the thread could run meanwhile)
     for _ in range(100):
         with keeper.renewing_in_background(interval=5.0):
             time.sleep(0.001)
     # Then the thread woke at most for its own look at the end of an earlier, shorter wait: not per tick
-    assert _RENEWALS.wakes - wakes <= 2
+    assert RENEWALS.wakes - wakes <= 2

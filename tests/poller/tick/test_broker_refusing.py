@@ -26,17 +26,18 @@ from poller.sinks.servicebus import ServiceBusSink
 from poller.sinks.storagequeue import StorageQueueSink
 from poller.sources.keyset.source import SqlSource
 from poller.state.memory import MemoryStateStore
-from poller.tick.backoff import METADATA_KEY, BackoffSchedule, SinkRefusals
+from poller.tick.backoff import METADATA_KEY, BackoffSchedule, RefusalBackoff, SinkRefusals
 from poller.tick.lifecycle import run_tick
 from sbemulator import Emulator
 from sbemulator.testing import unique_queue
 from shared.errors import BrokerRefusingError
+from shared.models import Batch, Checkpoint, Position, RowChange
 from shared.servicebus import QueueSender
 from shared.settings import StorageConnection
 from shared.storagequeue import StorageQueueSender, queue_service_client
 from shared.telemetry import metrics
 from tests.poller.conftest import FakeClock
-from tests.poller.tick_support import SourceTable, make_poller
+from tests.poller.tick_support import RecordingSink, SourceTable, make_poller
 from tests.support import otel
 from tests.support.azurite import Azurite
 from tests.support.faultproxy import FaultProxy
@@ -131,6 +132,36 @@ def test_a_refusal_another_process_recorded_is_adopted_without_a_new_warning(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     [ended] = [r for r in caplog.records if "accepts sends again" in r.getMessage()]
     assert "300.0 s" in ended.getMessage()
+
+
+def test_the_sink_decorator_marks_a_refusal_once_and_counts_what_the_inner_sink_accepted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given the refusal backoff around a sink, and a checkpoint a tick loaded
+    inner = RecordingSink()
+    sink = RefusalBackoff(inner, SinkRefusals("p-wrap", monotonic=Monotonic(), clock=FakeClock()))
+    loaded = Checkpoint(
+        position=Position(cursor=7, pk={"id": 7}), last_successful_batch_id="b7", metadata={"row_count": 1}
+    )
+    batch = Batch(poller="p-wrap", batch_id="b8", source_fingerprint="f", events=(_event(8), _event(9)))
+    with caplog.at_level(logging.DEBUG, logger="dbfanout"):
+        # When the broker refuses twice, then the inner sink accepts a batch and the tick ends
+        marked = sink.refused(_refusal(), loaded)
+        assert sink.refused(_refusal(), loaded) is None  # the refusal goes on: nothing more to write
+        sink.send(batch)
+        sink.tick_ended(caught_up=True)
+    # Then the start was marked once, at the loaded position, with the metadata kept
+    assert marked is not None and marked.position == loaded.position
+    assert marked.last_successful_batch_id == "b7" and marked.metadata["row_count"] == 1
+    assert marked.metadata[METADATA_KEY]["reason"] == "queue_full"
+    # And the batch reached the inner sink, and its rows are the ones the end reports
+    assert inner.accepted == [batch]
+    [ended] = [r for r in caplog.records if "accepts sends again" in r.getMessage()]
+    assert "2 rows that had waited" in ended.getMessage()
+
+
+def _event(i: int) -> RowChange:
+    return RowChange(event_id=f"e{i}", op="upsert", pk={"id": i}, cursor=i, after={"id": i}, poller="p-wrap")
 
 
 def test_a_queue_that_drains_slowly_continues_the_refusal_with_its_backoff_started_over() -> None:

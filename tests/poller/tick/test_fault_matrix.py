@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from poller.lease.keeper import utcnow
+from poller.lease.protocol import utcnow
 from poller.ports import StateStore
 from poller.sources.keyset.source import SqlSource
 from poller.state.memory import MemoryStateStore
@@ -148,7 +148,7 @@ def test_crash_before_send_redelivers_after_lease_expiry__case_E_W2(
     clock = FakeClock()
     table.upsert(range(12))
     # Given a process that dies right after fetch: a dead process never releases its lease
-    monkeypatch.setattr("poller.tick.lifecycle.LeaseKeeper.release", lambda self: None)
+    monkeypatch.setattr("poller.lease.keeper.LeaseKeeper.release", lambda self: None)
     with pytest.raises(Crash):
         run_tick(poller, source, harness.make(clock), RecordingSink(crash_next=1), owner_id="a", clock=clock)
     monkeypatch.undo()
@@ -174,7 +174,7 @@ def test_crash_after_the_broker_accepted_resends_the_whole_batch__case_F_W3(
         raise Crash("died after the broker accepted, before the commit")
 
     died.before_accept = accept_then_die
-    monkeypatch.setattr("poller.tick.lifecycle.LeaseKeeper.release", lambda self: None)
+    monkeypatch.setattr("poller.lease.keeper.LeaseKeeper.release", lambda self: None)
     with pytest.raises(Crash):
         run_tick(poller, source, store, died, owner_id="a", clock=clock)
     monkeypatch.undo()

@@ -274,7 +274,7 @@ def test_crash_lands_nothing_past_the_write_in_flight_and_another_owner_resends_
     spy = CommitSpy(store, died, hold_the_first_write_until_the_crash)
     # Given a process that dies (it never releases its lease) with pages 1-6 in a write in flight,
     # page 7 pending and page 8 accepted
-    monkeypatch.setattr("poller.tick.lifecycle.LeaseKeeper.release", lambda self: None)
+    monkeypatch.setattr("poller.lease.keeper.LeaseKeeper.release", lambda self: None)
     with pytest.raises(Crash):
         run_tick(poller, source, store, died, owner_id="a", clock=clock)
     monkeypatch.undo()
@@ -313,7 +313,7 @@ def test_crash_during_a_write_with_the_room_full_resends_exactly_max_uncommitted
 
     store = harness.make(clock)
     spy = CommitSpy(store, died, die_during_the_first_write)
-    monkeypatch.setattr("poller.tick.lifecycle.LeaseKeeper.release", lambda self: None)
+    monkeypatch.setattr("poller.lease.keeper.LeaseKeeper.release", lambda self: None)
     # When the process dies during the first write, with 4 pages accepted and none covered
     with pytest.raises(Crash):
         run_tick(poller, source, store, died, owner_id="a", clock=clock)

@@ -95,7 +95,7 @@ def test_lag_rows_counts_the_backlog_a_tick_left_and_is_zero_once_caught_up(
         assert _latest(reader, "dbfanout.lag_rows", name) == 37
         # ... counted only up to the bound (a deep backlog costs one bounded count, not a scan)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("poller.tick.lifecycle.LAG_ROWS_LIMIT", 5)
+            mp.setattr("poller.tick.commits.LAG_ROWS_LIMIT", 5)
             run_tick(poller, SqlSource(poller), store, RecordingSink(), owner_id="a")
         assert _latest(reader, "dbfanout.lag_rows", name) == 5
         # Then a tick that reaches the end says 0
