@@ -47,6 +47,7 @@ from poller.snapshot.coordinator import ChunkSource, Fetched, LogRead, Signal, S
 from poller.sources.engines import db_errors, require_driver, source_engine
 from poller.sources.pg_logical.peek import Buffer, SlotReader
 from poller.sources.pg_logical.pgoutput import Change, Relation
+from poller.sources.pg_logical.publication import VIA_ROOT_SINCE, create_publication_sql, create_slot_sql
 from poller.sources.pg_logical.slot import SlotGuard
 from shared.config import PollerConfig
 from shared.errors import ConfigError, PositionLostError, SourceError
@@ -77,22 +78,14 @@ _PRIMARY_KEY = sa.text(
 )
 
 
-def setup_sql(config: PollerConfig) -> list[str]:
+def setup_sql(config: PollerConfig, version: int = VIA_ROOT_SINCE) -> list[str]:
     """The statements that create the signal table, the publication, then the slot (that order: see the docs).
 
     The publication holds the poller's tables and the snapshot signal table (poller.snapshot.chunks):
-    a snapshot's watermarks and requests reach the poller through the slot.
+    a snapshot's watermarks and requests reach the poller through the slot. ``version``: the
+    server's ``server_version_num`` (see :mod:`poller.sources.pg_logical.publication`).
     """
-    tables = ", ".join(_quote_table(t) for t in (*config.tables, config.signal_table))
-    return [
-        *signal_sql(config),
-        f"CREATE PUBLICATION {config.publication} FOR TABLE {tables} WITH (publish = 'insert, update, delete')",
-        f"SELECT pg_create_logical_replication_slot('{config.slot}', 'pgoutput')",
-    ]
-
-
-def _quote_table(name: str) -> str:
-    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+    return [*signal_sql(config), create_publication_sql(config, version), create_slot_sql(config)]
 
 
 class PgLogicalSource:
