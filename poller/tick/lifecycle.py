@@ -31,14 +31,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from poller.lease.keeper import LeaseKeeper, PerTickLease, TickLease
-from poller.ports import CountsPending, Page, Sink, Source, StateStore
+from poller.ports import SOURCE_NOTES, CountsPending, Page, Sink, Source, StateStore
 from poller.tick.backoff import METADATA_KEY, SinkRefusals
 from poller.tick.committer import Committer
 from poller.tick.events import page_batch
@@ -228,10 +228,12 @@ class Tick:
         )
         pages = self._reader(position)
         moved: Position | None = None  # a position an empty page must still checkpoint (Page.advance)
+        notes: Mapping[str, Any] = keeper.checkpoint.metadata.get(SOURCE_NOTES) or {}  # carried on (Page.notes)
         try:
             for _ in range(poller.max_batches_per_tick):
                 page = pages.next()
                 nulls = max(nulls, page.skipped_null_cursors)
+                notes = page.notes(notes) if page.notes is not None else notes
                 if not len(page):
                     moved = page.advance
                     reason = "caught_up"
@@ -239,7 +241,7 @@ class Tick:
                 batch = page_batch(poller, self.fingerprint, page)
                 committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
                 self.send(batch)
-                committer.submit(self.checkpoint_after(batch, page), len(page))
+                committer.submit(self.checkpoint_after(batch, page, notes), len(page))
                 position = page.end
                 if page.caught_up(poller.batch_size):
                     reason = "caught_up"
@@ -249,7 +251,7 @@ class Tick:
                     break
             landed = committer.flush()
             if moved is not None and moved != position:
-                self.commit(keeper, self.checkpoint_moved(keeper, moved))  # nothing to send: one write
+                self.commit(keeper, self.checkpoint_moved(keeper, moved, notes))  # nothing to send: one write
         except Exception as failure:
             self._land_accepted(committer, keeper, failure)
             raise
@@ -384,24 +386,26 @@ class Tick:
         except Exception as exc:  # the state is for status only: backing off does not depend on it
             log.warning("could not record the refusal in the state blob: %r", exc, extra=ids(poller=self.name))
 
-    def checkpoint_after(self, batch: Batch, page: Page) -> Checkpoint:
-        """The checkpoint past ``page`` (to write once the sink accepted it)."""
+    def checkpoint_after(self, batch: Batch, page: Page, notes: Mapping[str, Any] | None = None) -> Checkpoint:
+        """The checkpoint past ``page`` (to write once the sink accepted it), with the source's notes."""
         end = page.end
         assert end is not None
         return Checkpoint(
             position=end,
             last_successful_batch_id=batch.batch_id,
             updated_at=self.clock(),
-            metadata={"row_count": len(page)},
+            metadata={"row_count": len(page), **({SOURCE_NOTES: notes} if notes else {})},
         )
 
-    def checkpoint_moved(self, keeper: LeaseKeeper, position: Position) -> Checkpoint:
+    def checkpoint_moved(
+        self, keeper: LeaseKeeper, position: Position, notes: Mapping[str, Any] | None = None
+    ) -> Checkpoint:
         """The checkpoint at ``position`` with no row sent (a source state change no row carries)."""
         return Checkpoint(
             position=position,
             last_successful_batch_id=keeper.checkpoint.last_successful_batch_id,
             updated_at=self.clock(),
-            metadata={"row_count": 0},
+            metadata={"row_count": 0, **({SOURCE_NOTES: notes} if notes else {})},
         )
 
     def commit(self, keeper: LeaseKeeper, checkpoint: Checkpoint) -> None:
@@ -443,9 +447,8 @@ class Tick:
             metrics.lag_seconds.record(lag, attrs)
 
     def acknowledge(self, checkpoint: Checkpoint) -> None:
-        """Tell the source what landed (it may prune or advance); its failure never fails the tick."""
-        if checkpoint.position is None:
-            return
+        """Tell the source what landed (it may prune or advance; before the first checkpoint too:
+        a pg_logical slot advances while its tables are quiet); its failure never fails the tick."""
         try:
             with _stage("acknowledge", self.name):
                 self.source.acknowledge(checkpoint)
