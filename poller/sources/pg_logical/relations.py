@@ -26,7 +26,7 @@ from poller.ports import Page
 from poller.snapshot.chunks import signal_of
 from poller.sources.pg_logical.pgoutput import Change, Relation
 from shared.config import PollerConfig
-from shared.models import Lsn, Position
+from shared.models import Lsn, Position, SnapshotState
 from shared.telemetry import metrics
 
 __all__ = ["TRUNCATE_NOTE", "Relations", "Truncate", "listed", "record_truncates"]
@@ -91,16 +91,17 @@ class Relations:
         for table in ours:
             metrics.truncates.add(1, {"poller": self._config.name, "table": table})
 
-    def attach(self, page: Page, after: Position | None, after_key: Key | None, read_to_end: bool) -> None:
+    def attach(self, page: Page, after_key: Key | None, state: SnapshotState | None, read_to_end: bool) -> None:
         """Give ``page`` the note of every TRUNCATE after ``after_key``; a page with no row an
-        ``advance`` to the last one when the read went past it (so the tick writes the note)."""
+        ``advance`` to the last one when the read went past it (so the tick writes the note),
+        with ``state``, the snapshot state the fetch began with (a page with no row left it as is)."""
         pending = tuple(t for k, t in sorted(self._truncates.items()) if after_key is None or k > after_key)
         if not pending:
             return
         page.notes = record_truncates(pending)
         if not len(page) and page.advance is None and read_to_end:
             lsn, seq = pending[-1].key
-            page.advance = Position(Lsn(lsn), {"seq": seq}, after.snapshot if after is not None else None)
+            page.advance = Position(Lsn(lsn), {"seq": seq}, state)
 
     def landed(self, key: Key | None) -> None:
         """A checkpoint at ``key`` landed: the TRUNCATEs up to it are recorded."""

@@ -214,7 +214,8 @@ class PgLogicalSource:
         conn.rollback()  # no snapshot held between pages
         read: tuple[Buffer, bool] | None = self._local.read
         at_end = read is not None and read[0].exhausted and read[1]
-        self._relations.attach(fetched.page, after, fetched.after, at_end)  # a TRUNCATE is never passed silently
+        state = self._snapshots.state_at(after)  # the state the fetch began with
+        self._relations.attach(fetched.page, fetched.after, state, at_end)  # a TRUNCATE is never passed silently
         if read is not None and getattr(self._local, "pinning", False):
             self._advancer.hint(read[0], fetched, read[1])
         return fetched.page

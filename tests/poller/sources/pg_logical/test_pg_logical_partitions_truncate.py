@@ -151,3 +151,18 @@ def test_a_change_of_a_relation_not_in_tables_is_a_warning_naming_it(
         assert otel.total("dbfanout.pg_logical.unknown_relation_changes", relation=f"public.{other}") == counted + 2
     finally:
         logical.sql(f"DROP TABLE IF EXISTS {other}")
+
+
+def test_a_truncate_alone_on_a_new_slot_moves_the_checkpoint_with_its_note(logical: LogicalTable) -> None:
+    # Given a new slot whose first change is a TRUNCATE (no row to deliver, no checkpoint yet)
+    logical.sql("TRUNCATE {t}")
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    # When the poller drains twice (the second tick reads the slot again from where it stands)
+    drain(logical.config, PgLogicalSource(logical.config), store, sink)
+    drain(logical.config, PgLogicalSource(logical.config), store, sink)
+    # Then a checkpoint was written at the TRUNCATE with its note, counted once, and nothing was sent
+    snap = store.load()
+    assert snap is not None and snap.doc.checkpoint.position is not None
+    note = snap.doc.checkpoint.metadata[SOURCE_NOTES]["truncate"]
+    assert note["count"] == 1 and snap.doc.checkpoint.position.cursor == int(note["key"][0])
+    assert sink.accepted == []
