@@ -47,6 +47,11 @@ def _publication(workspace: Workspace, *args: str) -> dict[str, str]:
     return {"status": check["status"], "detail": check["detail"]}
 
 
+def _checks_ok(workspace: Workspace, name: str) -> bool:
+    checks = json.loads(workspace.run("validate", "changes", "--json", "--fix").stdout)["checks"]
+    return all(c["status"] == "ok" for c in checks if c["poller"] == "changes" and c["name"] == name)
+
+
 def _members(table: LogicalTable) -> set[str]:
     with table.engine.connect() as conn:
         return set(conn.execute(_MEMBERS, {"pub": table.config.publication}).scalars())
@@ -138,5 +143,10 @@ def test_fix_adds_a_mixed_case_schema_qualified_table_by_its_quoted_name__issue_
         assert _members(unset_up) == {f"public.{mixed}", unset_up.config.signal_table}
         assert f'ADD TABLE "public"."{mixed}"' in fixed["detail"]
         assert _publication(workspace)["status"] == "ok"
+        # And the mixed-case table's changes reach the poller (the twin's do not)
+        assert _checks_ok(workspace, "slot")
+        unset_up.sql(f"INSERT INTO public.\"{mixed}\" VALUES (1, 'a')", "INSERT INTO {t} (id, v) VALUES (2, 'b')")
+        events = [e for b in workspace.drain("changes").accepted for e in b.events]
+        assert [(e.table, e.pk) for e in events] == [(f"public.{mixed}", {"id": 1})]
     finally:
         unset_up.sql(f"DROP PUBLICATION IF EXISTS {pub}", f'DROP TABLE IF EXISTS public."{mixed}"')
