@@ -138,46 +138,58 @@ def _publication_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Ite
         return
     state = read_publication(conn, cfg.publication)
     if state is None:
-        create = create_publication_sql(cfg, version)
-        if not fix:
-            yield Check(
-                cfg.name,
-                "publication",
-                "fail",
-                f"{cfg.publication} does not exist: run `dbfanout validate --fix`, or: {create}",
-            )
-            return
-        conn.execute(sa.text(create))
-        conn.commit()
-        yield Check(cfg.name, "publication", "ok", f"created: {create}")
-        return
+        yield _create_publication(conn, cfg, fix, version)
+    else:
+        yield _repair_publication(conn, cfg, fix, state, partitioned)
+
+
+def _create_publication(conn: sa.Connection, cfg: PollerConfig, fix: bool, version: int) -> Check:
+    create = create_publication_sql(cfg, version)
+    if not fix:
+        return Check(
+            cfg.name,
+            "publication",
+            "fail",
+            f"{cfg.publication} does not exist: run `dbfanout validate --fix`, or: {create}",
+        )
+    conn.execute(sa.text(create))
+    conn.commit()
+    return Check(cfg.name, "publication", "ok", f"created: {create}")
+
+
+def _repair_publication(
+    conn: sa.Connection, cfg: PollerConfig, fix: bool, state: PublicationState, partitioned: list[str]
+) -> Check:
+    """An existing publication: what it lacks, in words; with ``fix``, the statements run."""
     repairs = publication_repairs(cfg, state, partitioned)
     if repairs and fix:
         for statement in repairs:
             conn.execute(sa.text(statement))
         conn.commit()
-        yield Check(cfg.name, "publication", "ok", f"changed {cfg.publication}: {'; '.join(repairs)}")
-    elif repairs:
+        return Check(cfg.name, "publication", "ok", f"changed {cfg.publication}: {'; '.join(repairs)}")
+    if repairs:
         missing = missing_tables(cfg, state)
-        only_signal = missing == [cfg.signal_table] and len(repairs) == 1
-        yield Check(
+        # A table or a partition root missing loses changes: a failure. The signal table (snapshots)
+        # and truncate (a publication made before it was asked for) stream on without: a warning.
+        lost = any(t != cfg.signal_table for t in missing) or (bool(partitioned) and state.via_root is False)
+        status: Literal["fail", "warn"] = "fail" if lost else _needed(cfg) if missing else "warn"
+        return Check(
             cfg.name,
             "publication",
-            _needed(cfg) if only_signal else "fail",
+            status,
             f"{cfg.publication} {_lacks(cfg, state, missing, partitioned)}"
-            + (" (snapshots need it)" if only_signal else "")
+            + (" (snapshots need it)" if missing == [cfg.signal_table] else "")
             + f": {'; '.join(repairs)} (or --fix)",
         )
-    else:
-        yield Check(
-            cfg.name,
-            "publication",
-            "ok",
-            f"{cfg.publication} publishes {', '.join(cfg.tables)} ({PUBLISH}"
-            + (", partitions under their root" if partitioned else "")
-            + ")"
-            + ("; nothing to change" if fix else ""),
-        )
+    return Check(
+        cfg.name,
+        "publication",
+        "ok",
+        f"{cfg.publication} publishes {', '.join(cfg.tables)} ({PUBLISH}"
+        + (", partitions under their root" if partitioned else "")
+        + ")"
+        + ("; nothing to change" if fix else ""),
+    )
 
 
 def _lacks(cfg: PollerConfig, state: PublicationState, missing: list[str], partitioned: list[str]) -> str:

@@ -150,3 +150,31 @@ def test_fix_adds_a_mixed_case_schema_qualified_table_by_its_quoted_name__issue_
         assert [(e.table, e.pk) for e in events] == [(f"public.{mixed}", {"id": 1})]
     finally:
         unset_up.sql(f"DROP PUBLICATION IF EXISTS {pub}", f'DROP TABLE IF EXISTS public."{mixed}"')
+
+
+def test_fix_adds_truncate_to_a_publication_made_before_it_was_asked_for__issue_42(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a publication of the poller's tables made without truncate (as validate --fix made them before)
+    pub = unset_up.config.publication
+    unset_up.sql(
+        f"CREATE TABLE IF NOT EXISTS {unset_up.config.signal_table} (poller text, kind text, id text, data text,"
+        " written_at timestamptz, PRIMARY KEY (poller, kind))",
+        f"CREATE PUBLICATION {pub} FOR TABLE {unset_up.name}, {unset_up.config.signal_table}"
+        " WITH (publish = 'insert, update, delete')",
+    )
+    try:
+        _add_poller(workspace, unset_up, f'"{unset_up.name}"', monkeypatch)
+        # When validate runs: a warning that names TRUNCATE (the stream still flows without it)
+        before = _publication(workspace)
+        assert before["status"] == "warn" and "TRUNCATE" in before["detail"], before
+        # When --fix runs: it adds truncate and says so; then validate is ok and a second --fix changes nothing
+        fixed = _publication(workspace, "--fix")
+        assert fixed["status"] == "ok" and "SET (publish = 'insert, update, delete, truncate')" in fixed["detail"]
+        with unset_up.engine.connect() as conn:
+            truncate = conn.execute(sa.text("SELECT pubtruncate FROM pg_publication WHERE pubname = :p"), {"p": pub})
+            assert truncate.scalar_one() is True
+        assert _publication(workspace)["status"] == "ok"
+        assert "nothing to change" in _publication(workspace, "--fix")["detail"]
+    finally:
+        unset_up.sql(f"DROP PUBLICATION IF EXISTS {pub}")
