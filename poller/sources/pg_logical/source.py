@@ -16,7 +16,13 @@ The tick's order keeps the at-least-once contract with no settle window:
    come from (:mod:`poller.sources.pg_logical.spool`), until the slot is past it.
 2. the tick sends the page (event ids from the position: duplicate detection drops re-sends);
 3. the tick commits the checkpoint (CAS, fencing);
-4. only then ``acknowledge`` advances the slot to what the landed checkpoint covers.
+4. only then ``acknowledge`` advances the slot to what the landed checkpoint covers (and, while
+   the poller's tables are quiet, past the log read, from the first tick on:
+   :mod:`poller.sources.pg_logical.advance`).
+
+What the slot sends that no row carries — a TRUNCATE, a change of a relation not in ``tables`` —
+is never dropped in silence (:mod:`poller.sources.pg_logical.relations`); the publication's DDL is
+:mod:`poller.sources.pg_logical.publication`'s.
 
 A crash anywhere re-reads from the slot, which may be behind the checkpoint: changes at or
 before the checkpoint are skipped. The slot and the publication are created by
