@@ -14,7 +14,20 @@ from typing import Any, Protocol, runtime_checkable
 
 from shared.models import Batch, Checkpoint, CursorValue, Position, StateDoc
 
-__all__ = ["EventFields", "KeysetColumns", "Page", "Sink", "Snapshot", "Source", "SourceRow", "StateStore"]
+__all__ = [
+    "SOURCE_NOTES",
+    "EventFields",
+    "KeysetColumns",
+    "Page",
+    "Sink",
+    "Snapshot",
+    "Source",
+    "SourceRow",
+    "StateStore",
+]
+
+#: The key of the source's notes in ``checkpoint.metadata`` (see :attr:`Page.notes`).
+SOURCE_NOTES = "source"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +158,23 @@ class Page:
 
     ``more``: the page is short but the source is not caught up (a pg_logical poller hands the
     stream's rows over at once, ahead of a snapshot chunk's); the tick goes on as after a full page.
+
+    ``notes``: how the page updates the source's notes, which every checkpoint carries on in
+    ``checkpoint.metadata[SOURCE_NOTES]`` (a pg_logical poller's last TRUNCATE: ``dbfanout status``
+    shows it); a pure function of the notes so far, so a page read again changes nothing twice.
     """
 
-    __slots__ = ("_last_row", "_make_row", "_rows", "_tuples", "advance", "columns", "more", "skipped_null_cursors")
+    __slots__ = (
+        "_last_row",
+        "_make_row",
+        "_rows",
+        "_tuples",
+        "advance",
+        "columns",
+        "more",
+        "notes",
+        "skipped_null_cursors",
+    )
 
     def __init__(
         self,
@@ -171,6 +198,7 @@ class Page:
         self.skipped_null_cursors = skipped_null_cursors
         self.advance = advance
         self.more = more
+        self.notes: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
     def caught_up(self, limit: int) -> bool:
         """Whether the source had no more than this page to give (a short page, not marked ``more``)."""
@@ -256,8 +284,9 @@ class Source(Protocol):
     def acknowledge(self, checkpoint: Checkpoint) -> None:
         """``checkpoint`` landed (a committed state write): housekeeping it allows may run now.
 
-        Called once at the end of a tick that holds a checkpoint, never before the write
-        landed. The outbox prunes rows it covers; a slot-based source would advance its slot.
+        Called once at the end of a tick that held the lease (with the checkpoint as it stands,
+        its position None before the first one), never before the write landed. The outbox
+        prunes rows it covers; a slot-based source would advance its slot.
         Best effort: an error is logged by the tick and does not fail it.
         """
         ...

@@ -67,6 +67,8 @@ class Metrics:
     sink_refusing: LatestValue  # observable gauge: 1 while the broker refuses sends (with ``reason``), else 0
     sends_refused: otel_metrics.Counter  # sends the broker refused (queue full, throttled, unreachable)
     snapshot_chunks_refused: otel_metrics.Counter  # pg_logical snapshots: chunk reads refused (retried)
+    truncates: otel_metrics.Counter  # log sources: TRUNCATEs of the poller's tables (not delivered as events)
+    unknown_relation_changes: otel_metrics.Counter  # pg_logical: changes of relations not in tables (skipped)
 
 
 #: field → (kind, name, unit, description): the instruments of :class:`Metrics`, in its order. A
@@ -151,6 +153,19 @@ _INSTRUMENTS: dict[str, tuple[str, str, str, str]] = {
         "{chunk}",
         "snapshot chunk reads refused because a committed transaction was not visible yet "
         "(pg_logical; retried with backoff and a smaller chunk)",
+    ),
+    "truncates": (
+        "counter",
+        "dbfanout.truncates",
+        "{truncate}",
+        "TRUNCATEs of the poller's tables read from the log (pg_logical, mysql_binlog; attribute table); no event "
+        "is delivered for them, so a target keeps the truncated rows",
+    ),
+    "unknown_relation_changes": (
+        "counter",
+        "dbfanout.pg_logical.unknown_relation_changes",
+        "{change}",
+        "changes the slot sent for a relation not in the poller's tables (attribute relation), not delivered",
     ),
 }
 

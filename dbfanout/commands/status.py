@@ -31,6 +31,7 @@ from dbfanout.ops.status import (
     snapshot_line,
     storage_queue_depth,
     topic_depth,
+    truncate_line,
 )
 from shared.codec import dumps
 from shared.config import Config
@@ -113,6 +114,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             lag += "\n" + escape(snapshot_line(row["snapshot"]))
         if "snapshot_hint" in row:
             lag += "\n[yellow]" + escape(row["snapshot_hint"]) + "[/]"
+        if "last_truncate" in row:
+            lag += "\n[yellow]" + escape(truncate_line(row["last_truncate"])) + "[/]"
         active = depth.get("active_unknown") or f"{_text(depth.get('active'))} active"
         queue = f"{depth['queue']}: {active}, {_text(depth.get('dead_lettered'))} DLQ"
         if "topic" in row:

@@ -16,8 +16,21 @@ import sqlalchemy as sa
 from dbfanout.ops.checks import Check
 from poller.snapshot.postgres import request_statement, signal_sql
 from poller.sources.engines import source_engine
+from poller.sources.pg_logical.publication import (
+    PUBLISH,
+    VIA_ROOT_SINCE,
+    PublicationState,
+    create_publication_sql,
+    create_slot_sql,
+    missing_tables,
+    partitioned_tables,
+    publication_repairs,
+    quote_table,
+    read_publication,
+    server_version,
+)
 from poller.sources.pg_logical.slot import RUNBOOK, replace_slot
-from poller.sources.pg_logical.source import PgLogicalSource, setup_sql
+from poller.sources.pg_logical.source import PgLogicalSource
 from shared.config import PollerConfig
 
 __all__ = ["DEFAULT_RETAINED_WARN_BYTES", "slot_checks"]
@@ -25,7 +38,6 @@ __all__ = ["DEFAULT_RETAINED_WARN_BYTES", "slot_checks"]
 #: An inactive slot holding more WAL than this is worth a look (disk on the server fills up).
 DEFAULT_RETAINED_WARN_BYTES = 1024**3
 
-_PUBLISHED = sa.text("SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = :pub")
 _IDENTITY = sa.text(
     "SELECT c.relreplident, EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)"
     " FROM pg_class c WHERE c.oid = to_regclass(:table)"
@@ -60,7 +72,7 @@ def slot_checks(
 
 def _table_checks(conn: sa.Connection, cfg: PollerConfig) -> Iterator[Check]:
     for table in cfg.tables:
-        row = conn.execute(_IDENTITY, {"table": table}).first()
+        row = conn.execute(_IDENTITY, {"table": quote_table(table)}).first()
         if row is None:
             yield Check(cfg.name, "table", "fail", f"table {table} does not exist")
             continue
@@ -85,7 +97,7 @@ def _table_checks(conn: sa.Connection, cfg: PollerConfig) -> Iterator[Check]:
 def _signal_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator[Check]:
     """The snapshot signal table (watermarks and `dbfanout snapshot` requests)."""
     (create,) = signal_sql(cfg)
-    if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": cfg.signal_table}).scalar() is not None:
+    if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": quote_table(cfg.signal_table)}).scalar() is not None:
         yield Check(cfg.name, "signal table", "ok", f"{cfg.signal_table} exists")
     elif fix:
         conn.execute(sa.text(create))
@@ -107,47 +119,97 @@ def _needed(cfg: PollerConfig) -> Literal["fail", "warn"]:
 
 
 def _publication_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator[Check]:
+    """The publication: every table, every kind of change (truncate too), partitions under their root.
+
+    ``--fix`` creates it or runs exactly the statements it lacks (and says which); run again, it
+    finds nothing to change and says so.
+    """
     assert cfg.publication is not None
-    exists = conn.execute(sa.text("SELECT 1 FROM pg_publication WHERE pubname = :pub"), {"pub": cfg.publication})
-    create = setup_sql(cfg)[-2]
-    if exists.first() is None:
-        if not fix:
-            yield Check(
-                cfg.name,
-                "publication",
-                "fail",
-                f"{cfg.publication} does not exist: run `dbfanout validate --fix`, or: {create}",
-            )
-            return
-        conn.execute(sa.text(create))
-        conn.commit()
-        yield Check(cfg.name, "publication", "ok", f"created: {create}")
-        return
-    published = set(conn.execute(_PUBLISHED, {"pub": cfg.publication}).scalars())
-    missing = [t for t in (*cfg.tables, cfg.signal_table) if (t if "." in t else f"public.{t}") not in published]
-    if missing and fix:
-        conn.execute(sa.text(f"ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)}"))
-        conn.commit()
-        yield Check(cfg.name, "publication", "ok", f"{cfg.publication}: added {', '.join(missing)}")
-    elif missing:
-        only_signal = missing == [cfg.signal_table]
+    version = server_version(conn)
+    partitioned = partitioned_tables(conn, cfg.tables)
+    if partitioned and version < VIA_ROOT_SINCE:
         yield Check(
             cfg.name,
             "publication",
-            _needed(cfg) if only_signal else "fail",
-            f"{cfg.publication} does not publish {', '.join(missing)}"
-            + (" (snapshots need it)" if only_signal else "")
-            + f": ALTER PUBLICATION {cfg.publication} ADD TABLE {', '.join(missing)} (or --fix)",
+            "fail",
+            f"{', '.join(partitioned)} is partitioned: PostgreSQL {version // 10000} cannot publish a partitioned "
+            "table (13+ can, with publish_via_partition_root): name its partitions in tables instead",
         )
+        return
+    state = read_publication(conn, cfg.publication)
+    if state is None:
+        yield _create_publication(conn, cfg, fix, version)
     else:
-        yield Check(cfg.name, "publication", "ok", f"{cfg.publication} publishes {', '.join(cfg.tables)}")
+        yield _repair_publication(conn, cfg, fix, state, partitioned)
+
+
+def _create_publication(conn: sa.Connection, cfg: PollerConfig, fix: bool, version: int) -> Check:
+    create = create_publication_sql(cfg, version)
+    if not fix:
+        return Check(
+            cfg.name,
+            "publication",
+            "fail",
+            f"{cfg.publication} does not exist: run `dbfanout validate --fix`, or: {create}",
+        )
+    conn.execute(sa.text(create))
+    conn.commit()
+    return Check(cfg.name, "publication", "ok", f"created: {create}")
+
+
+def _repair_publication(
+    conn: sa.Connection, cfg: PollerConfig, fix: bool, state: PublicationState, partitioned: list[str]
+) -> Check:
+    """An existing publication: what it lacks, in words; with ``fix``, the statements run."""
+    repairs = publication_repairs(cfg, state, partitioned)
+    if repairs and fix:
+        for statement in repairs:
+            conn.execute(sa.text(statement))
+        conn.commit()
+        return Check(cfg.name, "publication", "ok", f"changed {cfg.publication}: {'; '.join(repairs)}")
+    if repairs:
+        missing = missing_tables(cfg, state)
+        # A table or a partition root missing loses changes: a failure. The signal table (snapshots)
+        # and truncate (a publication made before it was asked for) stream on without: a warning.
+        lost = any(t != cfg.signal_table for t in missing) or (bool(partitioned) and state.via_root is False)
+        status: Literal["fail", "warn"] = "fail" if lost else _needed(cfg) if missing else "warn"
+        return Check(
+            cfg.name,
+            "publication",
+            status,
+            f"{cfg.publication} {_lacks(cfg, state, missing, partitioned)}"
+            + (" (snapshots need it)" if missing == [cfg.signal_table] else "")
+            + f": {'; '.join(repairs)} (or --fix)",
+        )
+    return Check(
+        cfg.name,
+        "publication",
+        "ok",
+        f"{cfg.publication} publishes {', '.join(cfg.tables)} ({PUBLISH}"
+        + (", partitions under their root" if partitioned else "")
+        + ")"
+        + ("; nothing to change" if fix else ""),
+    )
+
+
+def _lacks(cfg: PollerConfig, state: PublicationState, missing: list[str], partitioned: list[str]) -> str:
+    """What the publication lacks, in words."""
+    lacks = [f"does not publish {', '.join(missing)}"] if missing else []
+    if not state.every_kind:
+        lacks.append(f"does not publish every kind of change ({PUBLISH}: a TRUNCATE would go unseen)")
+    if partitioned and state.via_root is False:
+        lacks.append(
+            f"publishes the partitions of {', '.join(partitioned)} under their own names "
+            "(publish_via_partition_root is off: the poller would not know them)"
+        )
+    return "; ".join(lacks)
 
 
 def _slot_check(cfg: PollerConfig, fix: bool, warn_bytes: int) -> Iterator[Check]:
     source = PgLogicalSource(cfg)
     slot = source.slot_status()
     if slot is None:
-        create = setup_sql(cfg)[-1]
+        create = create_slot_sql(cfg)
         if not fix:
             yield Check(
                 cfg.name,

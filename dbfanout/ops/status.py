@@ -25,9 +25,11 @@ from dbfanout.ops.bus import (
 from dbfanout.ops.checkpoints import lease_state
 from dbfanout.ops.context import open_store
 from dbfanout.ops.snapshot_checks import initial_too_late
+from poller.ports import SOURCE_NOTES
 from poller.sources.engines import source_engine
 from poller.sources.factory import open_source
 from poller.sources.mysql_binlog.source import MysqlBinlogSource
+from poller.sources.pg_logical.relations import TRUNCATE_NOTE
 from poller.sources.pg_logical.slot import lost_error, read_slot
 from poller.sources.pg_logical.source import PgLogicalSource
 from poller.tick.backoff import refusal_from_metadata
@@ -47,6 +49,7 @@ __all__ = [
     "snapshot_progress",
     "storage_queue_depth",
     "topic_depth",
+    "truncate_line",
 ]
 
 PENDING_LIMIT = 1000  # count pending rows up to this many (one bounded keyset read)
@@ -112,6 +115,8 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
             }
             out["fingerprint_match"] = doc.source_fingerprint == source.fingerprint
             out["sink_refusing"] = sink_refusing(doc.checkpoint.metadata, now)
+            if truncate := (doc.checkpoint.metadata.get(SOURCE_NOTES) or {}).get(TRUNCATE_NOTE):
+                out["last_truncate"] = truncate  # pg_logical: never delivered as an event, so shown here
             if position is not None and position.snapshot is not None:
                 out["snapshot"] = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
             if late := initial_too_late(cfg, position):
@@ -164,6 +169,14 @@ def sink_refusing_line(refusal: Mapping[str, Any]) -> str:
     if refusal.get("for_seconds") is not None:
         text += f" (for {refusal['for_seconds']:.0f} s)"
     return text + ", backing off; the checkpoint holds"
+
+
+def truncate_line(note: Mapping[str, Any]) -> str:
+    """A pg_logical poller's last TRUNCATE (from the checkpoint's notes), in words."""
+    return (
+        f"last TRUNCATE of {', '.join(note.get('tables') or [])} at {note.get('lsn')} ({note.get('committed_at')}), "
+        f"{note.get('count')} so far: not delivered, targets keep the rows"
+    )
 
 
 def snapshot_progress(state: SnapshotState, landed_at: dt.datetime | None) -> dict[str, Any]:

@@ -7,6 +7,8 @@
 // - retained WAL: a pg_logical poller's slot holds more than retainedWalThresholdBytes;
 // - WAL headroom: a pg_logical poller's slot has used more than walKeepUsedPercent of
 //   max_slot_wal_keep_size (PostgreSQL invalidates it at the limit, and changes are lost);
+// - truncate: a pg_logical poller read a TRUNCATE of one of its tables (not delivered as an event):
+//   dbfanout.truncates;
 // - sink refusing: the broker has refused a poller's sends (queue full, throttled, unreachable)
 //   for refusingMinutes: dbfanout.sink_refusing stayed 1;
 // - dead letters: a queue's or topic's DeadletteredMessages > 0 (Service Bus metric, independent of
@@ -253,6 +255,46 @@ resource walAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = 
       ]
     }
     autoMitigate: true
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}]
+
+// A pg_logical poller read a TRUNCATE of one of its tables: no event is delivered for it, so the
+// targets still hold the truncated rows until someone acts (dbfanout status names the table).
+resource truncateAlert 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [for p in pollers: if (p.kind == 'pg_logical') {
+  name: 'dbfanout-truncate-${p.name}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'dbfanout poller ${p.name} read a TRUNCATE'
+    description: 'A table of poller ${p.name} was truncated. No event is delivered for a TRUNCATE: truncate the targets the same way, or rebuild them with dbfanout snapshot ${p.name}; dbfanout status ${p.name} names the table. See the operations guide, Logical replication slots (TRUNCATE).'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT15M'
+    criteria: {
+      allOf: [
+        {
+          query: format('customMetrics | where name == "dbfanout.truncates" and tostring(customDimensions.poller) == "{0}" | summarize truncates = sum(valueSum) | where truncates > 0', p.name)
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: false
     actions: {
       actionGroups: [
         actionGroup.id

@@ -10,12 +10,13 @@ each landed write (log, metrics), once per write, in order, on the thread that w
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from poller.lease.keeper import LeaseKeeper
-from poller.ports import CountsPending, Page, Source
+from poller.ports import SOURCE_NOTES, CountsPending, Page, Source
 from poller.tick.committer import Committer
 from poller.tick.stage import stage
 from shared.config import PollerConfig
@@ -46,24 +47,24 @@ class Commits:
         self.clock = clock
         self._cursor_tz = ZoneInfo(poller.cursor_timezone) if poller.cursor_timezone else None
 
-    def after(self, batch: Batch, page: Page) -> Checkpoint:
-        """The checkpoint past ``page`` (to write once the sink accepted it)."""
+    def after(self, batch: Batch, page: Page, notes: Mapping[str, Any] | None = None) -> Checkpoint:
+        """The checkpoint past ``page`` (to write once the sink accepted it), with the source's notes."""
         end = page.end
         assert end is not None
         return Checkpoint(
             position=end,
             last_successful_batch_id=batch.batch_id,
             updated_at=self.clock(),
-            metadata={"row_count": len(page)},
+            metadata={"row_count": len(page), **({SOURCE_NOTES: notes} if notes else {})},
         )
 
-    def moved(self, keeper: LeaseKeeper, position: Position) -> Checkpoint:
+    def moved(self, keeper: LeaseKeeper, position: Position, notes: Mapping[str, Any] | None = None) -> Checkpoint:
         """The checkpoint at ``position`` with no row sent (a source state change no row carries)."""
         return Checkpoint(
             position=position,
             last_successful_batch_id=keeper.checkpoint.last_successful_batch_id,
             updated_at=self.clock(),
-            metadata={"row_count": 0},
+            metadata={"row_count": 0, **({SOURCE_NOTES: notes} if notes else {})},
         )
 
     def commit(self, keeper: LeaseKeeper, checkpoint: Checkpoint) -> None:
@@ -105,9 +106,8 @@ class Commits:
             metrics.lag_seconds.record(lag, attrs)
 
     def acknowledge(self, checkpoint: Checkpoint) -> None:
-        """Tell the source what landed (it may prune or advance); its failure never fails the tick."""
-        if checkpoint.position is None:
-            return
+        """Tell the source what landed (it may prune or advance; before the first checkpoint too:
+        a pg_logical slot advances while its tables are quiet); its failure never fails the tick."""
         try:
             with stage("acknowledge", self.name):
                 self.source.acknowledge(checkpoint)

@@ -29,12 +29,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from poller.lease.keeper import LeaseKeeper, PerTickLease, TickLease
-from poller.ports import Page, Sink, Source, StateStore
+from poller.ports import SOURCE_NOTES, Page, Sink, Source, StateStore
 from poller.tick.backoff import RefusalBackoff, SinkRefusals
 from poller.tick.commits import Commits
 from poller.tick.committer import Committer
@@ -145,10 +145,11 @@ def run_tick(
 
 @dataclass(slots=True)
 class _Drained:
-    """Where one drain's pages stopped: the reason, the last accepted page's end, a position an
-    empty page still moves the checkpoint to (Page.advance), and the NULL cursors it skipped."""
+    """Where one drain's pages stopped: the reason, the last accepted page's end, the source's notes,
+    a position an empty page still moves the checkpoint to (Page.advance), and the NULL cursors it skipped."""
 
     position: Position | None
+    notes: Mapping[str, Any]  # the source's notes every checkpoint carries on (Page.notes)
     reason: StopReason = "max_batches"
     moved: Position | None = None
     nulls: int = 0
@@ -211,13 +212,14 @@ class Tick:
             self.poller.max_uncommitted_batches,
             name=f"committer-{self.name}",
         )
-        drained = _Drained(keeper.checkpoint.position)  # the next page starts after the last *accepted* one
+        checkpoint = keeper.checkpoint  # the next page starts after the last *accepted* one
+        drained = _Drained(checkpoint.position, checkpoint.metadata.get(SOURCE_NOTES) or {})
         pages = self._reader(drained.position)
         try:
             self._send_pages(pages, committer, drained, deadline)
             landed = committer.flush()
             if drained.moved is not None and drained.moved != drained.position:  # nothing to send: one write
-                self.commits.commit(keeper, self.commits.moved(keeper, drained.moved))
+                self.commits.commit(keeper, self.commits.moved(keeper, drained.moved, drained.notes))
         except Exception as failure:
             self.commits.land_accepted(committer, keeper, failure)
             raise
@@ -234,13 +236,15 @@ class Tick:
         for _ in range(poller.max_batches_per_tick):
             page = pages.next()
             drained.nulls = max(drained.nulls, page.skipped_null_cursors)
+            if page.notes is not None:
+                drained.notes = page.notes(drained.notes)
             if not len(page):
                 drained.moved, drained.reason = page.advance, "caught_up"
                 return
             batch = page_batch(poller, self.fingerprint, page)
             committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
             self.send(batch)
-            committer.submit(self.commits.after(batch, page), len(page))
+            committer.submit(self.commits.after(batch, page, drained.notes), len(page))
             drained.position = page.end
             if page.caught_up(poller.batch_size):
                 drained.reason = "caught_up"

@@ -268,3 +268,22 @@ def test_validate_warns_of_writable_signal_grants_unordered_workers_and_an_initi
     # And status says what to run
     (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
     assert "dbfanout snapshot changes" in row["snapshot_hint"]
+
+
+def test_status_shows_the_last_truncate_of_a_polled_table__issue_42(
+    workspace: Workspace, unset_up: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _add_poller(workspace, unset_up, monkeypatch)
+    assert workspace.run("validate", "changes", "--fix").exit_code == 0
+    # Given a delivered row, then a TRUNCATE of the table, read by the next tick
+    unset_up.insert([1])
+    workspace.tick("changes")
+    unset_up.sql("TRUNCATE {t}")
+    workspace.tick("changes")
+    # When status runs
+    status = workspace.run("status", "changes", "--json")
+    # Then it names the truncated table, its position and how many were seen, and retained WAL
+    (row,) = json.loads(status.stdout)
+    assert row["last_truncate"]["tables"] == [f"public.{unset_up.name}"] and row["last_truncate"]["count"] == 1
+    assert row["source"]["retained_wal_bytes"] >= 0
+    assert "last TRUNCATE of" in workspace.run("status", "changes").stdout

@@ -16,7 +16,13 @@ The tick's order keeps the at-least-once contract with no settle window:
    come from (:mod:`poller.sources.pg_logical.spool`), until the slot is past it.
 2. the tick sends the page (event ids from the position: duplicate detection drops re-sends);
 3. the tick commits the checkpoint (CAS, fencing);
-4. only then ``acknowledge`` advances the slot to what the landed checkpoint covers.
+4. only then ``acknowledge`` advances the slot to what the landed checkpoint covers (and, while
+   the poller's tables are quiet, past the log read, from the first tick on:
+   :mod:`poller.sources.pg_logical.advance`).
+
+What the slot sends that no row carries — a TRUNCATE, a change of a relation not in ``tables`` —
+is never dropped in silence (:mod:`poller.sources.pg_logical.relations`); the publication's DDL is
+:mod:`poller.sources.pg_logical.publication`'s.
 
 A crash anywhere re-reads from the slot, which may be behind the checkpoint: changes at or
 before the checkpoint are skipped. The slot and the publication are created by
@@ -35,7 +41,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
@@ -44,12 +50,15 @@ import sqlalchemy as sa
 from poller.ports import EventFields, Page, SourceRow
 from poller.snapshot.chunks import qualified
 from poller.snapshot.contracts import ChunkSource, LogRead, Signal
-from poller.snapshot.coordinator import Fetched, SnapshotCoordinator
+from poller.snapshot.coordinator import SnapshotCoordinator
 from poller.snapshot.postgres import ChunkReader, signal_sql
 from poller.snapshot.requests import signal_of
 from poller.sources.engines import db_errors, require_driver, source_engine
+from poller.sources.pg_logical.advance import SlotAdvancer, position_key, slot_status
 from poller.sources.pg_logical.peek import Buffer, SlotReader
 from poller.sources.pg_logical.pgoutput import Change, Relation
+from poller.sources.pg_logical.publication import VIA_ROOT_SINCE, create_publication_sql, create_slot_sql
+from poller.sources.pg_logical.relations import Relations
 from poller.sources.pg_logical.slot import SlotGuard
 from shared.config import PollerConfig
 from shared.errors import ConfigError, PositionLostError, SourceError
@@ -57,22 +66,11 @@ from shared.ids import source_fingerprint
 from shared.logs import get_logger, ids
 from shared.models import Checkpoint, CursorValue, Lsn, Position, SnapshotState
 from shared.settings import fingerprint_url, redact_url
-from shared.telemetry import metrics
 
 __all__ = ["PgLogicalSource", "setup_sql"]
 
 log = get_logger("poller.pg_logical")
 
-_SLOT = sa.text(
-    "SELECT plugin, database, CAST(confirmed_flush_lsn AS text) AS confirmed, active, wal_status,"
-    " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) AS retained_bytes,"
-    " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) AS lag_bytes"
-    " FROM pg_replication_slots WHERE slot_name = :slot"
-)
-_ADVANCE = sa.text(
-    "SELECT pg_replication_slot_advance(CAST(:slot AS name), CAST(:lsn AS pg_lsn)) FROM pg_replication_slots"
-    " WHERE slot_name = :slot AND confirmed_flush_lsn < CAST(:lsn AS pg_lsn)"
-)
 _PRIMARY_KEY = sa.text(
     "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
     " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
@@ -80,22 +78,14 @@ _PRIMARY_KEY = sa.text(
 )
 
 
-def setup_sql(config: PollerConfig) -> list[str]:
+def setup_sql(config: PollerConfig, version: int = VIA_ROOT_SINCE) -> list[str]:
     """The statements that create the signal table, the publication, then the slot (that order: see the docs).
 
     The publication holds the poller's tables and the snapshot signal table (poller.snapshot.chunks):
-    a snapshot's watermarks and requests reach the poller through the slot.
+    a snapshot's watermarks and requests reach the poller through the slot. ``version``: the
+    server's ``server_version_num`` (see :mod:`poller.sources.pg_logical.publication`).
     """
-    tables = ", ".join(_quote_table(t) for t in (*config.tables, config.signal_table))
-    return [
-        *signal_sql(config),
-        f"CREATE PUBLICATION {config.publication} FOR TABLE {tables} WITH (publish = 'insert, update, delete')",
-        f"SELECT pg_create_logical_replication_slot('{config.slot}', 'pgoutput')",
-    ]
-
-
-def _quote_table(name: str) -> str:
-    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+    return [*signal_sql(config), create_publication_sql(config, version), create_slot_sql(config)]
 
 
 class PgLogicalSource:
@@ -136,11 +126,10 @@ class PgLogicalSource:
         self._guard = SlotGuard(config, self._engine, self._url, chunks.estimate, self._forget_log)
         self._local = threading.local()  # pinned connection, this tick's buffer and last read, per thread
         self._warned: set[str] = set()
-        # Where the slot may go once a position a page ended at is a landed checkpoint; shared by
-        # the threads a tick's pages are read on, cleared by acknowledge.
-        self._hints: dict[tuple[int, int], Lsn] = {}
+        self._relations = Relations(config, self._warn_once)  # what is kept; unknown relations, truncates
         # Peeks, and a transaction larger than MAX_DECODED read once into a spool (poller.sources.pg_logical.spool).
-        self._slot_reader = SlotReader(config, self._wanted)
+        self._slot_reader = SlotReader(config, self._relations.wanted)
+        self._advancer = SlotAdvancer(config, self._slot_reader, self._connection)
 
     # ------------------------------------------------------------------------------ the port
 
@@ -176,39 +165,11 @@ class PgLogicalSource:
                     conn.close()
 
     def acknowledge(self, checkpoint: Checkpoint) -> None:
-        """Advance the slot to what ``checkpoint`` (a landed write) covers; never past it.
-
-        To the end of the checkpoint's transaction when it was delivered whole, to its commit LSN
-        otherwise (the slot then re-sends it and the rest is read past the checkpoint); when the
-        last peek found nothing after the checkpoint, to the log position that peek read to, so
-        an idle slot does not hold WAL back. Best effort: the next tick acknowledges again.
-        """
+        """Advance the slot to what ``checkpoint`` (a landed write) covers; never past it (see
+        :mod:`poller.sources.pg_logical.advance`: with no position yet, past a quiet log)."""
         key = _key(checkpoint.position)
-        if key is None:
-            return
-        target = self._hints.pop(key, Lsn(key[0]))  # unknown: its commit LSN (its transaction stays)
-        self._hints.clear()  # the others are behind this landed checkpoint (or were never sent)
-        spool = self._slot_reader.spool
-        passed = spool is not None and spool.passed_by(key)
-        if passed and spool is not None and spool.end_lsn is not None:
-            target = Lsn(max(target, spool.end_lsn))  # the spooled transaction was delivered whole
-        try:
-            with self._connection("acknowledge") as conn:
-                conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
-                conn.commit()
-                if passed and spool is self._slot_reader.spool:
-                    self._slot_reader.drop_spool()  # the slot is past it: the next peek starts after it
-                retained = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
-                conn.rollback()
-            if retained is not None:  # the WAL the slot still holds back (operators alert on it)
-                attrs = {"poller": self._config.name, "slot": self._slot}
-                metrics.retained_wal_bytes.record(int(retained["retained_bytes"] or 0), attrs)
-                metrics.lag_wal_bytes.record(int(retained["lag_bytes"] or 0), attrs)
-        except SourceError as exc:  # FetchError included: nothing is lost, the slot just lags
-            log.warning(
-                "poller %s: could not advance slot %s to %s: %s", self._config.name, self._slot, target, exc,
-                extra=ids(poller=self._config.name),
-            )  # fmt: skip
+        self._relations.landed(key)
+        self._advancer.advance(key)
 
     def close(self) -> None:
         """Stop the read-ahead thread; the engine is shared per URL
@@ -236,20 +197,9 @@ class PgLogicalSource:
     def slot_status(self) -> dict[str, Any] | None:
         """The slot as ``pg_replication_slots`` shows it (None when it does not exist)."""
         with self._connection("slot status") as conn:
-            row = conn.execute(_SLOT, {"slot": self._slot}).mappings().first()
+            status = slot_status(conn, self._slot, self._publication)
             conn.rollback()
-        if row is None:
-            return None
-        return {
-            "slot": self._slot,
-            "publication": self._publication,
-            "plugin": row["plugin"],
-            "active": bool(row["active"]),
-            "wal_status": row["wal_status"],
-            "confirmed_flush_lsn": row["confirmed"],
-            "retained_wal_bytes": int(row["retained_bytes"] or 0),
-            "lag_bytes": int(row["lag_bytes"] or 0),
-        }
+        return status
 
     @property
     def _chunks(self) -> ChunkSource:
@@ -272,39 +222,12 @@ class PgLogicalSource:
         fetched = self._snapshots.fetch(conn, after, limit)
         conn.rollback()  # no snapshot held between pages
         read: tuple[Buffer, bool] | None = self._local.read
-        if read is not None:
-            self._hint(read[0], fetched, read[1])
+        at_end = read is not None and read[0].exhausted and read[1]
+        state = self._snapshots.state_at(after)  # the state the fetch began with
+        self._relations.attach(fetched.page, fetched.after, state, at_end)  # a TRUNCATE is never passed silently
+        if read is not None and getattr(self._local, "pinning", False):
+            self._advancer.hint(read[0], fetched, read[1])
         return fetched.page
-
-    def _hint(self, buffer: Buffer, fetched: Fetched[Change], to_end: bool) -> None:
-        """Remember how far the slot may go once the page's end position is a landed checkpoint.
-
-        Past the whole transaction when the page ends with its last change; to the log position
-        the peek read to when nothing relevant follows (so an idle slot does not hold WAL back).
-        A snapshot state change no row carries ends the page too (its ``advance``), so the slot
-        never passes a request or a watermark before a checkpoint has its new state.
-        """
-        if not getattr(self._local, "pinning", False):
-            return
-        hints, advance, rows = self._hints, fetched.page.advance, fetched.page.rows
-        key = _key(advance) if advance is not None else _key(rows[-1].position) if rows else fetched.after
-        if key is None:
-            return
-        last = fetched.last
-        target = Lsn(key[0]) if last is None else last.end_lsn if last.last_in_txn else last.commit_lsn
-        if buffer.exhausted and to_end and (last is None or last.last_in_txn):
-            target = Lsn(max(target, buffer.flushed))
-        hints[key] = Lsn(max(target, hints.get(key, 0)))
-
-    def _wanted(self, change: Change) -> bool:
-        if change.kind == "truncate":
-            names = ", ".join(r.qualified for r in change.truncated)
-            self._warn_once(f"truncate-{change.commit_lsn}", "TRUNCATE of %s at %s is not delivered (a truncate "
-                            "has no rows; publish 'insert, update, delete')", names, change.commit_lsn)  # fmt: skip
-            return False
-        if change.relation.qualified == self._signal:  # ours only: other pollers share the table
-            return signal_of(change.new, self._config.name) is not None
-        return _listed(change.relation, self._config.tables)
 
     # ------------------------------------------------------------------------------ the coordinator's log reader
 
@@ -414,7 +337,7 @@ class PgLogicalSource:
         """The slot was replaced: what was read of the old one (buffer, chunks, hints) is void."""
         self._local.buffer = None
         self._snapshots.forget()
-        self._hints.clear()
+        self._advancer.clear()
 
     # ------------------------------------------------------------------------------ plumbing
 
@@ -445,23 +368,10 @@ class PgLogicalSource:
                          self._config.source_url)  # fmt: skip
 
 
-def _key(position: Position | None) -> tuple[int, int] | None:
-    if position is None:
-        return None
-    seq = position.pk.get("seq")
-    if not isinstance(position.cursor, int) or not isinstance(seq, int):
-        raise SourceError(
-            f"the checkpoint {position.cursor!r}/{dict(position.pk)} is not a pg_lsn position",
-            hint="this checkpoint was written by another source kind: `dbfanout checkpoint reset` the poller",
-        )
-    return (int(position.cursor), seq)
+_key = position_key
 
 
 def _sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of the server's answer behind ``error`` (None: no answer, e.g. a lost connection)."""
     cause = error.__cause__
     return getattr(getattr(cause, "orig", cause), "sqlstate", None)
-
-
-def _listed(rel: Relation, tables: Sequence[str]) -> bool:
-    return any(t == rel.qualified or (t == rel.name and rel.schema == "public") for t in tables)
