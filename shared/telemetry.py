@@ -67,6 +67,7 @@ class Metrics:
     sink_refusing: LatestValue  # observable gauge: 1 while the broker refuses sends (with ``reason``), else 0
     sends_refused: otel_metrics.Counter  # sends the broker refused (queue full, throttled, unreachable)
     snapshot_chunks_refused: otel_metrics.Counter  # pg_logical snapshots: chunk reads refused (retried)
+    truncates: otel_metrics.Counter  # TRUNCATEs of a polled table read from the log (not delivered as rows)
 
 
 def _build() -> Metrics:
@@ -157,6 +158,12 @@ def _build() -> Metrics:
             unit="{chunk}",
             description="snapshot chunk reads refused because a committed transaction was not visible yet "
             "(pg_logical; retried with backoff and a smaller chunk)",
+        ),
+        truncates=meter.create_counter(
+            "dbfanout.truncates",
+            unit="{truncate}",
+            description="TRUNCATEs of a polled table the poller read from the log (mysql_binlog: not delivered; "
+            "targets keep the truncated rows), attribute table",
         ),
     )
 

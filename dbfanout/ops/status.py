@@ -112,6 +112,8 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
             }
             out["fingerprint_match"] = doc.source_fingerprint == source.fingerprint
             out["sink_refusing"] = sink_refusing(doc.checkpoint.metadata, now)
+            if truncates := doc.checkpoint.metadata.get("truncates"):
+                out["truncates"] = truncates  # TRUNCATEs a binlog poller read and could not deliver
             if position is not None and position.snapshot is not None:
                 out["snapshot"] = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
             if late := initial_too_late(cfg, position):

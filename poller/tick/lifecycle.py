@@ -31,10 +31,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from poller.lease.keeper import LeaseKeeper, PerTickLease, TickLease
@@ -138,6 +138,7 @@ def run_tick(
         _forget(source)
         return TickResult(poller.name, "lease_held")
     refusals.adopt(keeper.checkpoint.metadata)
+    _source_notes(source, keeper.checkpoint.metadata)
     if linger_until is not None and waker is not None:
         waker.listen()  # before the first fetch: a commit in between still wakes the linger
     failed = True
@@ -392,7 +393,7 @@ class Tick:
             position=end,
             last_successful_batch_id=batch.batch_id,
             updated_at=self.clock(),
-            metadata={"row_count": len(page)},
+            metadata={"row_count": len(page), **_source_notes(self.source)},
         )
 
     def checkpoint_moved(self, keeper: LeaseKeeper, position: Position) -> Checkpoint:
@@ -401,7 +402,7 @@ class Tick:
             position=position,
             last_successful_batch_id=keeper.checkpoint.last_successful_batch_id,
             updated_at=self.clock(),
-            metadata={"row_count": 0},
+            metadata={"row_count": 0, **_source_notes(self.source)},
         )
 
     def commit(self, keeper: LeaseKeeper, checkpoint: Checkpoint) -> None:
@@ -516,6 +517,16 @@ def _forget(source: Source) -> None:
     forget = getattr(source, "forget", None)
     if callable(forget):
         forget()
+
+
+def _source_notes(source: Source, adopt: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """What a source records in the checkpoint's metadata for ``dbfanout status`` (a binlog poller:
+    the TRUNCATEs it read); ``adopt``: the metadata the tick found, which it carries on."""
+    notes = getattr(source, "checkpoint_notes", None)
+    if not callable(notes):
+        return {}
+    found: Mapping[str, Any] = notes(adopt)
+    return found
 
 
 @contextmanager

@@ -18,14 +18,23 @@ needs on top:
   stream that restarts inside a transaction is an error (the source re-reads from its checkpoint).
 * **columns as they were**: names and the primary key come from each table map event's own
   metadata (``binlog_row_metadata = FULL``), never from ``information_schema``: a change is
-  labelled with its table's columns at the time it was written, whatever ALTER TABLE came since.
+  labelled with its table's columns at the time it was written, whatever ALTER TABLE came since;
+  ``BINARY(n)`` values, which the binlog writes without their trailing ``0x00`` bytes, are padded
+  back to ``n`` from the table map (a key arrives as stored, and as a snapshot reads it);
+* **every event understood or an error**: MariaDB's compressed events are decompressed
+  (:mod:`~poller.sources.mysql_binlog.compressed`); an event type the library does not know, in a
+  transaction that changes a listed table, stops the read (the checkpoint stays before it);
+* **XA**: a prepared transaction's rows are delivered at its ``XA COMMIT``, never after its
+  ``XA ROLLBACK`` (:mod:`~poller.sources.mysql_binlog.xa`);
+* **TRUNCATE** of a listed table (a statement, no rows) is recorded in :attr:`BinlogReader.truncated`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from pymysqlreplication import BinLogStreamReader
@@ -33,8 +42,10 @@ from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
+    NotImplementedEvent,
     QueryEvent,
     RotateEvent,
+    XAPrepareEvent,
     XidEvent,
 )
 from pymysqlreplication.row_event import (
@@ -43,7 +54,10 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
+from poller.sources.mysql_binlog import compressed
 from poller.sources.mysql_binlog.position import BinlogPosition, GtidState, file_number
+from poller.sources.mysql_binlog.rows import binary_widths, pad_binary
+from poller.sources.mysql_binlog.xa import XaHold, xa_statement
 from shared.errors import FetchError, SourceError
 
 __all__ = ["BinlogChange", "BinlogReader", "ChangeKind"]
@@ -55,6 +69,8 @@ _ROW_EVENTS = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
 #: was opened for (an event the server does not send) ends then, as caught up.
 HEARTBEAT_SECONDS = 0.5
 _MARIADB_STANDALONE = 0x01  # a GTID event's flag: the transaction is one statement (DDL), no XID follows
+_MARIADB_PREPARED_XA = 0x40  # a GTID event's flag: an XA transaction's prepared part (XA START .. XA PREPARE)
+_TRUNCATE = re.compile(r"^TRUNCATE\s+(?:TABLE\s+)?((?:`[^`]+`|\w+)(?:\s*\.\s*(?:`[^`]+`|\w+))?)", re.IGNORECASE)
 _UNSEEN = -2  # a transaction's rows are all new
 _ALL = 1 << 62  # a transaction's rows were all read before
 
@@ -93,6 +109,11 @@ class _Txn:
     standalone: bool
     committed_at: dt.datetime
     seq: int = -1
+    xa: bool = False  # an XA transaction's prepared part: its changes wait for XA COMMIT
+    xid: str | None = None
+    held: list[BinlogChange] = field(default_factory=list)  # an XA part's changes until its prepare
+    touched: bool = False  # it changes a listed table
+    unknown: int | None = None  # the type of an event in it the library does not decode
 
 
 class BinlogReader:
@@ -154,6 +175,8 @@ class BinlogReader:
             "only_tables": names,
             "enable_logging": False,
             "resume_stream": True,
+            # Events it does not decode are handed over too: each is understood here or an error.
+            "filter_non_implemented_events": False,
         }
         if self._by_gtid:
             options.update(is_mariadb=True, auto_position=start.gtid_state)
@@ -161,6 +184,9 @@ class BinlogReader:
             options.update(log_file=start.file, log_pos=start.txn_pos)
         self._stream = BinLogStreamReader(**options)
         self._rows: list[BinlogChange] = []
+        self._xa = XaHold()
+        #: ``(table, position)`` of each TRUNCATE of a listed table read (the source warns and records it).
+        self.truncated: list[tuple[str, BinlogPosition]] = []
         self._resent: dict[str, int] = {}  # GTID -> rows read of it when the library reconnected
         self._connected = False
         self.restarts = 0  # reconnections the library made by itself (its re-sends are skipped)
@@ -224,6 +250,23 @@ class BinlogReader:
             self._commit(int(event.packet.log_pos))
         elif isinstance(event, _ROW_EVENTS):
             self._rows_of(event)
+        elif isinstance(event, XAPrepareEvent):
+            self._xa_prepared(event)
+        elif isinstance(event, NotImplementedEvent):
+            self._undecoded(event, start)
+
+    def _undecoded(self, event: Any, start: int) -> None:
+        """An event the library does not decode: decompressed, skipped when it carries no change,
+        else an error once its transaction changes a listed table (compressed.py)."""
+        kind = compressed.unknown_kind(event.packet, f"{self._file}:{start}")
+        if kind is None:
+            plain = compressed.decompress(self._stream, event.packet)
+            if plain is not None and not isinstance(plain, NotImplementedEvent):
+                self._event(plain)
+        elif kind >= 0 and self._txn is not None:
+            self._txn.unknown = kind
+            if self._txn.touched:
+                raise compressed.unknown_error(self._txn.position, kind)
 
     def _rotated(self, event: Any) -> None:
         """A new binlog file, or (timestamp 0, after the first) the library reconnected by itself."""
@@ -246,20 +289,74 @@ class BinlogReader:
         gtid = _gtid_of(event)
         state = str(self._state) if self._state is not None else None
         position = BinlogPosition.at(self._file, start, gtid=gtid, gtid_state=state)
-        standalone = isinstance(event, MariadbGtidEvent) and bool(event.flags & _MARIADB_STANDALONE)
+        mariadb = isinstance(event, MariadbGtidEvent)
+        standalone = mariadb and bool(event.flags & _MARIADB_STANDALONE)
         at = dt.datetime.fromtimestamp(event.timestamp, dt.UTC)
         self._txn = _Txn(position, self._skip_through(position), standalone, at)
+        self._txn.xa = mariadb and bool(event.flags & _MARIADB_PREPARED_XA)
 
     def _query(self, event: Any, start: int) -> None:
         query = event.query.strip().upper() if isinstance(event.query, str) else ""
-        if query == "BEGIN":
-            if self._txn is None:  # no GTID event before it (MySQL with gtid_mode = OFF and no anonymous GTID)
+        xa = query.startswith("XA ")
+        if query == "BEGIN" or xa:
+            if self._txn is None:  # no GTID event before it (MySQL with gtid_mode = OFF: an anonymous GTID)
                 position = BinlogPosition.at(self._file, start)
                 at = dt.datetime.fromtimestamp(event.timestamp, dt.UTC)
                 self._txn = _Txn(position, self._skip_through(position), False, at)
+            if xa:
+                self._xa_statement(event.query, int(event.packet.log_pos))
             return
+        if query.startswith("TRUNCATE"):
+            self._truncate(event, start)
         if self._txn is not None and (query == "COMMIT" or self._txn.standalone):
             self._commit(int(event.packet.log_pos))  # COMMIT: non-transactional tables; else DDL
+
+    def _xa_statement(self, query: str, end: int) -> None:
+        statement, txn = xa_statement(query), self._txn
+        if statement is None or txn is None:
+            return  # not an XA statement we know (XA RECOVER is not binlogged)
+        verb, xid, one_phase = statement
+        if verb in ("START", "END"):  # MySQL writes XA START as a statement; MariaDB flags the GTID
+            txn.xa, txn.xid = True, xid
+            return
+        if txn.xa and one_phase:  # XA COMMIT ... ONE PHASE inside the transaction: committed now
+            txn.xa = False
+            self._emit(txn.held)
+        elif txn.skip_through != _ALL:  # the outcome of a transaction prepared before (not a re-send)
+            released = self._xa.resolve(xid, verb == "COMMIT")
+            if released is not None:
+                self._rows.extend(released)
+        self._commit(end)
+
+    def _xa_prepared(self, event: Any) -> None:
+        """XA PREPARE (MySQL: or XA COMMIT ONE PHASE): the prepared part ends here."""
+        txn = self._txn
+        if txn is not None and txn.held and txn.skip_through != _ALL:
+            if getattr(event, "one_phase", False):
+                self._emit(txn.held)
+            else:
+                self._xa.prepared(txn.xid or "", txn.held)
+        self._commit(int(event.packet.log_pos))
+
+    def _emit(self, changes: list[BinlogChange]) -> None:
+        """Committed changes: handed out, or held behind a prepared XA transaction with no outcome yet."""
+        if self._xa.holding:
+            self._xa.add(changes)
+        else:
+            self._rows.extend(changes)
+
+    def _truncate(self, event: Any, start: int) -> None:
+        match = _TRUNCATE.match(event.query.strip())
+        if match is None:
+            return
+        name = re.sub(r"[`\s]", "", match.group(1))
+        schema = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema or "")
+        table = name if "." in name else f"{schema}.{name}"
+        if table in self._tables:
+            txn = self._txn
+            at = txn.position if txn is not None else BinlogPosition.at(self._file, start)
+            if txn is None or txn.skip_through != _ALL:
+                self.truncated.append((table, at))
 
     def _commit(self, end: int) -> None:
         txn, self._txn = self._txn, None
@@ -270,8 +367,10 @@ class BinlogReader:
         if txn.skip_through != _ALL:
             self._last_txn = txn.position
         state = str(self._state) if self._state is not None else None
-        # Between transactions: the next one starts here (a checkpoint here skips nothing of it).
-        self.position = BinlogPosition.at(self._file, end, gtid_state=state)
+        # Between transactions: the next one starts here (a checkpoint here skips nothing of it),
+        # unless changes are held behind a prepared XA transaction: then before it (see xa.py).
+        if not self._xa.holding:
+            self.position = BinlogPosition.at(self._file, end, gtid_state=state)
 
     def _skip_through(self, position: BinlogPosition) -> int:
         """The highest index of ``position``'s transaction that was read before (-2: none)."""
@@ -312,9 +411,15 @@ class BinlogReader:
                 f"table {table} has no primary key (binlog at {self._file}:{event.packet.log_pos})",
                 hint="add a primary key, or set pk to the columns that identify a row",
             )
+        txn.touched = True
+        if txn.unknown is not None:
+            raise compressed.unknown_error(txn.position, txn.unknown)
         if txn.skip_through == _ALL:
             return  # a transaction read whole before (re-sent by the library): its rows are not decoded
         rows = event.rows
+        padded = binary_widths(event)
+        if padded:
+            pad_binary(rows, padded)
         first = txn.seq + 1  # the index of the event's first row in its transaction
         txn.seq += len(rows)
         if txn.skip_through >= first:
@@ -331,7 +436,10 @@ class BinlogReader:
             changes = [make(start, s, "insert", table, pk, None, r["values"], at) for s, r in enumerate(rows, first)]
         else:
             changes = [make(start, s, "delete", table, pk, r["values"], None, at) for s, r in enumerate(rows, first)]
-        self._rows.extend(changes)
+        if txn.xa:
+            txn.held.extend(changes)
+        else:
+            self._emit(changes)
 
 
 def _gtid_of(event: Any) -> str | None:
