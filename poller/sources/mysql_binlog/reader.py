@@ -34,8 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import (
@@ -55,14 +54,13 @@ from pymysqlreplication.row_event import (
 )
 
 from poller.sources.mysql_binlog import compressed
+from poller.sources.mysql_binlog.change import BinlogChange, ChangeKind, Txn, gtid_of, primary_key
 from poller.sources.mysql_binlog.position import BinlogPosition, GtidState, file_number
 from poller.sources.mysql_binlog.rows import binary_widths, pad_binary
 from poller.sources.mysql_binlog.xa import XaHold, xa_statement
 from shared.errors import FetchError, SourceError
 
 __all__ = ["BinlogChange", "BinlogReader", "ChangeKind"]
-
-ChangeKind = Literal["insert", "update", "delete"]
 
 _ROW_EVENTS = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
 #: Seconds of silence after which the server sends a heartbeat: a read that has not met the end it
@@ -73,47 +71,6 @@ _MARIADB_PREPARED_XA = 0x40  # a GTID event's flag: an XA transaction's prepared
 _TRUNCATE = re.compile(r"^TRUNCATE\s+(?:TABLE\s+)?((?:`[^`]+`|\w+)(?:\s*\.\s*(?:`[^`]+`|\w+))?)", re.IGNORECASE)
 _UNSEEN = -2  # a transaction's rows are all new
 _ALL = 1 << 62  # a transaction's rows were all read before
-
-
-class BinlogChange(NamedTuple):
-    """One row change of a listed table, as the binlog wrote it.
-
-    A named tuple of its transaction's start and its index in it, not a dataclass holding a
-    position of its own: one is made per change, and a frozen dataclass (and a position per
-    change) cost more than the rest of our per-change work (BENCHMARKS.md, issue 30).
-    """
-
-    txn: BinlogPosition  # the transaction's start (seq -1)
-    seq: int  # the change's index among the transaction's changes of the listed tables
-    kind: ChangeKind
-    table: str  # schema.table
-    pk: tuple[str, ...]
-    before: dict[str, Any] | None  # updates and deletes: the old row (binlog_row_image = FULL)
-    after: dict[str, Any] | None  # inserts and updates: the new row
-    committed_at: dt.datetime
-
-    @property
-    def position(self) -> BinlogPosition:
-        return self.txn.with_seq(self.seq)
-
-    @property
-    def key(self) -> BinlogPosition:
-        """Its position key in the log (the snapshot coordinator's; ordered as the binlog)."""
-        return self.txn.with_seq(self.seq)
-
-
-@dataclass(slots=True)
-class _Txn:
-    position: BinlogPosition  # seq -1: the transaction's start
-    skip_through: int  # rows at or below this index were read before
-    standalone: bool
-    committed_at: dt.datetime
-    seq: int = -1
-    xa: bool = False  # an XA transaction's prepared part: its changes wait for XA COMMIT
-    xid: str | None = None
-    held: list[BinlogChange] = field(default_factory=list)  # an XA part's changes until its prepare
-    touched: bool = False  # it changes a listed table
-    unknown: int | None = None  # the type of an event in it the library does not decode
 
 
 class BinlogReader:
@@ -146,7 +103,7 @@ class BinlogReader:
         self._start = start
         self._by_gtid = by_gtid and start.gtid_state is not None
         self._state = GtidState(start.gtid_state or "") if self._by_gtid else None
-        self._txn: _Txn | None = None
+        self._txn: Txn | None = None
         self._last_txn: BinlogPosition | None = None  # the last transaction read whole (coordinates)
         self._file = start.file
         # Between transactions: where the next page starts when this stream finds no row.
@@ -286,13 +243,13 @@ class BinlogReader:
     def _begin(self, event: Any, start: int) -> None:
         if self._txn is not None:  # ended without an XID or COMMIT we know: it is over
             self._commit(start)
-        gtid = _gtid_of(event)
+        gtid = gtid_of(event)
         state = str(self._state) if self._state is not None else None
         position = BinlogPosition.at(self._file, start, gtid=gtid, gtid_state=state)
         mariadb = isinstance(event, MariadbGtidEvent)
         standalone = mariadb and bool(event.flags & _MARIADB_STANDALONE)
         at = dt.datetime.fromtimestamp(event.timestamp, dt.UTC)
-        self._txn = _Txn(position, self._skip_through(position), standalone, at)
+        self._txn = Txn(position, self._skip_through(position), standalone, at)
         self._txn.xa = mariadb and bool(event.flags & _MARIADB_PREPARED_XA)
 
     def _query(self, event: Any, start: int) -> None:
@@ -302,7 +259,7 @@ class BinlogReader:
             if self._txn is None:  # no GTID event before it (MySQL with gtid_mode = OFF: an anonymous GTID)
                 position = BinlogPosition.at(self._file, start)
                 at = dt.datetime.fromtimestamp(event.timestamp, dt.UTC)
-                self._txn = _Txn(position, self._skip_through(position), False, at)
+                self._txn = Txn(position, self._skip_through(position), False, at)
             if xa:
                 self._xa_statement(event.query, int(event.packet.log_pos))
             return
@@ -405,7 +362,7 @@ class BinlogReader:
                 hint="set binlog_row_metadata = FULL on the server (MariaDB 10.5+, MySQL 8.0.1+); "
                 "changes written before that cannot be labelled: reset the checkpoint after setting it",
             )
-        pk = self._pk or _primary_key(event)
+        pk = self._pk or primary_key(event)
         if not pk:
             raise SourceError(
                 f"table {table} has no primary key (binlog at {self._file}:{event.packet.log_pos})",
@@ -440,18 +397,3 @@ class BinlogReader:
             txn.held.extend(changes)
         else:
             self._emit(changes)
-
-
-def _gtid_of(event: Any) -> str | None:
-    if isinstance(event, MariadbGtidEvent):
-        return str(event.gtid)
-    if int(getattr(event, "gno", 0) or 0) <= 0 or not any(event.sid):
-        return None  # MySQL's anonymous GTID (gtid_mode = OFF)
-    return str(event.gtid)
-
-
-def _primary_key(event: Any) -> tuple[str, ...]:
-    key = event.primary_key
-    if not key:
-        return ()
-    return (key,) if isinstance(key, str) else tuple(key)

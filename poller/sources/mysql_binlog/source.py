@@ -51,13 +51,13 @@ from poller.sources.engines import require_driver, source_engine
 from poller.sources.mysql_binlog.position import BinlogPosition, file_number
 from poller.sources.mysql_binlog.rows import RowMaker, text_values
 from poller.sources.mysql_binlog.server import binlog_end, binlog_errors
+from poller.sources.mysql_binlog.truncates import TruncateLog
 from shared.config import PollerConfig
 from shared.errors import ConfigError, SourceError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger
 from shared.models import Checkpoint, CursorValue, Position, SnapshotState
 from shared.settings import redact_url
-from shared.telemetry import metrics
 
 __all__ = ["MysqlBinlogSource", "qualified_tables", "table_qualifier"]
 
@@ -67,8 +67,6 @@ log = get_logger("poller.mysql_binlog")
 #: empty page still moves the checkpoint (so a poller of a quiet table is not left on a binlog
 #: file the server may purge, and a resume does not re-read the other tables' traffic).
 ADVANCE_BYTES = 1 << 20
-#: The key of the TRUNCATEs read in the checkpoint's metadata, and how many are kept there.
-TRUNCATES_KEY, KEEP_TRUNCATES = "truncates", 10
 
 
 def qualified_tables(config: PollerConfig, database: str | None) -> frozenset[str]:
@@ -125,7 +123,7 @@ class MysqlBinlogSource:
         self._idle: tuple[BinlogPosition, tuple[str, int]] | None = None  # read to the end at: (after, end)
         self._mariadb: bool | None = None
         self.streams_opened = 0  # replication streams opened (tests and benchmarks read it)
-        self._truncates: list[dict[str, str]] = []  # the last TRUNCATEs read (checkpoint metadata, status)
+        self._truncates = TruncateLog(config.name)  # TRUNCATEs read: warned, counted, kept for status
         # The snapshot's signal rows come through the binlog: the stream reads the signal table too.
         self._signal: str | None = None
         chunks: ChunkSource
@@ -169,31 +167,8 @@ class MysqlBinlogSource:
     # ------------------------------------------------------------------------------ operator surface
 
     def checkpoint_notes(self, adopt: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The checkpoint's metadata this source keeps (``truncates``: the last TRUNCATEs of its
-        tables it read, for ``dbfanout status``); ``adopt``: the metadata found at a tick's start."""
-        found = adopt.get(TRUNCATES_KEY) if adopt is not None else None
-        if isinstance(found, list):
-            known = {t.get("at") for t in self._truncates}
-            older = [t for t in found if isinstance(t, dict) and t.get("at") not in known]
-            self._truncates = [*older, *self._truncates][-KEEP_TRUNCATES:]
-        return {TRUNCATES_KEY: list(self._truncates)} if self._truncates else {}
-
-    def _note_truncates(self, truncated: list[tuple[str, BinlogPosition]]) -> None:
-        """A TRUNCATE is a statement in the binlog, with no row to deliver: never silent (a WARNING,
-        ``dbfanout.truncates``, and ``dbfanout status`` from the checkpoint's metadata)."""
-        for table, at in truncated:
-            where = str(at)
-            if any(t["at"] == where for t in self._truncates):
-                continue  # read again (a stream re-read from a checkpoint before it)
-            log.warning(
-                "poller %s: TRUNCATE of %s at %s is not delivered (the binlog holds no rows for it): targets keep "
-                "the truncated rows; reload them with `dbfanout snapshot` (docs/operations.md)",
-                self._config.name, table, where,
-            )  # fmt: skip
-            metrics.truncates.add(1, {"poller": self._config.name, "table": table})
-            seen = dt.datetime.now(dt.UTC).isoformat()
-            self._truncates = [*self._truncates, {"table": table, "at": where, "seen_at": seen}][-KEEP_TRUNCATES:]
-        truncated.clear()
+        """The checkpoint's metadata this source keeps (the TRUNCATEs it read: truncates.py)."""
+        return self._truncates.notes(adopt)
 
     def binlog_status(self, after: Position | None) -> dict[str, Any]:
         """Where the checkpoint stands in the binlog, and how much binlog is after it (``status``)."""
@@ -287,7 +262,7 @@ class MysqlBinlogSource:
             self._close_reader()
             raise
         if reader.truncated:
-            self._note_truncates(reader.truncated)
+            self._truncates.note(reader.truncated)
         if read:
             self._stream_at = read[-1].position
         # Other pollers' signal rows pass too: signal() finds them not ours (one list pass saved per page).
