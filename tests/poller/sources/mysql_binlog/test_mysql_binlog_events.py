@@ -23,6 +23,7 @@ from poller.tick.events import page_batch
 from shared.models import Position, RowChange
 from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables, events_of
 from tests.poller.tick_support import RecordingSink, drain
+from tests.support import otel
 from tests.support.private_mariadb import binaries_missing, start_private_mariadb
 
 pytestmark = pytest.mark.integration
@@ -160,7 +161,8 @@ def _prepare_offset(tables: BinlogTables) -> int:
 def test_a_truncate_of_a_polled_table_is_warned_counted_and_kept_in_the_checkpoint(
     tables: BinlogTables, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Given a poller that has ticked once, and rows
+    # Given a poller that has ticked once, and rows (metrics recorded in memory)
+    otel.install()
     store, sink, source = MemoryStateStore("p"), RecordingSink(), MysqlBinlogSource(tables.config)
     drain(tables.config, source, store, sink)
     tables.insert([1, 2])
@@ -180,6 +182,8 @@ def test_a_truncate_of_a_polled_table_is_warned_counted_and_kept_in_the_checkpoi
     assert _summary(events_of(sink.accepted)) == [("insert", 1), ("insert", 2), ("insert", 3)]
     warnings = [r.getMessage() for r in caplog.records if "TRUNCATE" in r.getMessage()]
     assert len(warnings) == 1 and tables.qualified in warnings[0], warnings
+    assert otel.total("dbfanout.truncates", poller=tables.config.name, table=tables.qualified) == 1
+    assert otel.total("dbfanout.truncates", table=f"{tables.database}.{other}") == 0
     snap = store.load()
     assert snap is not None
     truncates = snap.doc.checkpoint.metadata["truncates"]
