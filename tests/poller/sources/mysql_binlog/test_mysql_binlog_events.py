@@ -223,11 +223,14 @@ def test_compressed_row_and_query_events_are_decompressed_and_delivered(compress
         tables.sql("INSERT INTO {c} VALUES (1, 'k', :v)", params={"v": long})
         tables.sql(f"ALTER TABLE {tables.name} COMMENT '{'a' * 300}'")
         tables.sql("DELETE FROM {t} WHERE id = 1", "DELETE FROM {c}")
+        tables.sql("TRUNCATE TABLE {c}")  # a compressed statement the poller must understand
         with tables.engine.connect() as conn:
             compressed = [e[2] for e in conn.execute(sa.text("SHOW BINLOG EVENTS")).all()]
         events, _ = _read(source, start)
+        truncated = [t["table"] for t in source.checkpoint_notes()["truncates"]]
     # Then the server wrote compressed events, and every change arrives whole, in order
-    assert {"Write_rows_compressed_v1", "Update_rows_compressed_v1", "Delete_rows_compressed_v1"} <= set(compressed)
+    kinds = {"Write_rows_compressed_v1", "Update_rows_compressed_v1", "Delete_rows_compressed_v1", "Query_compressed"}
+    assert kinds <= set(compressed), set(compressed)
     assert [(e.change, *e.pk.values()) for e in events] == [
         ("insert", 1), ("insert", 2), ("update", 1), ("update", 3), ("insert", 1, "k"),
         ("delete", 1), ("delete", 1, "k"),
@@ -235,3 +238,5 @@ def test_compressed_row_and_query_events_are_decompressed_and_delivered(compress
     assert events[0].after == {"id": 1, "v": long, "n": 0}
     assert events[2].before == {"id": 1, "v": long, "n": 0} and events[2].after == {"id": 1, "v": "c", "n": 1}
     assert events[3].before == {"id": 2, "v": "b", "n": 0} and events[4].after == {"a": 1, "b": "k", "v": long}
+    # and the compressed TRUNCATE statement was read as one
+    assert truncated == [f"{tables.database}.{tables.composite}"]
