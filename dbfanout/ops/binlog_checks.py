@@ -31,7 +31,7 @@ MIN_RETENTION_SECONDS = 3 * 86400
 _SETTINGS = (
     "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
     "binlog_expire_logs_seconds", "expire_logs_days", "version", "binlog_order_commits",
-    "log_bin_compress", "binlog_transaction_compression",
+    "log_bin_compress", "binlog_transaction_compression", "binlog_row_value_options",
 )  # fmt: skip
 _AZURE = "Azure Flexible Server: Server parameters in the portal, or az mysql flexible-server parameter set"
 _WANTED = {
@@ -132,6 +132,10 @@ def _setting_checks(p: str, values: dict[str, str]) -> Iterator[Check]:
             yield Check(p, name, "fail", f"{name} is ON: {detail}; set it to OFF ({fix})")
         elif value is not None:
             yield Check(p, name, "ok", value.upper())
+    partial = values.get("binlog_row_value_options")
+    if partial is not None and "PARTIAL_JSON" in partial.upper():
+        yield Check(p, "binlog_row_value_options", "fail", "binlog_row_value_options is PARTIAL_JSON: JSON updates "
+                    f"are written as diffs, not rows (the poller stops at one); set it to ''; {_AZURE}")  # fmt: skip
 
 
 def _retention_check(p: str, values: dict[str, str]) -> Check:

@@ -23,7 +23,7 @@ from typing import Any
 
 from shared.errors import SourceError
 
-__all__ = ["BENIGN_TYPES", "TRANSACTION_PAYLOAD", "decompress", "unknown_error", "unknown_kind"]
+__all__ = ["BENIGN_TYPES", "PARTIAL_UPDATE_ROWS", "TRANSACTION_PAYLOAD", "decompress", "unknown_error", "unknown_kind"]
 
 _QUERY_COMPRESSED = 0xA5
 #: MariaDB's compressed rows events → the plain type (V1: 166-168, V2: 169-171).
@@ -31,6 +31,7 @@ _ROWS = {0xA6: 0x17, 0xA7: 0x18, 0xA8: 0x19, 0xA9: 0x1E, 0xAA: 0x1F, 0xAB: 0x20}
 _UPDATES = (0xA7, 0xAA)  # rows events with a second (after image) column bitmap
 _V2 = (0xA9, 0xAA, 0xAB)  # rows events with an extra-data block after the flags
 TRANSACTION_PAYLOAD = 0x28
+PARTIAL_UPDATE_ROWS = 0x27  # MySQL's binlog_row_value_options = PARTIAL_JSON: JSON diffs, not rows
 #: Event types the library does not decode that carry no change: MySQL's anonymous GTID (a
 #: transaction's start with gtid_mode = OFF; its BEGIN follows), ignorable events, transaction
 #: context and view change (group replication), heartbeat v2.
@@ -61,6 +62,11 @@ def unknown_kind(packet: Any, where: str) -> int | None:
 
 def unknown_error(transaction: Any, kind: int | None) -> SourceError:
     """The error of a transaction that changes a listed table and holds an event of type ``kind``."""
+    if kind == PARTIAL_UPDATE_ROWS:
+        return SourceError(
+            f"the binlog transaction at {transaction} holds a partial JSON update of a polled table (no whole row)",
+            hint="set binlog_row_value_options = '' on the server (MySQL 8.0.3+); the checkpoint stays before it",
+        )
     return SourceError(
         f"the binlog transaction at {transaction} changes a polled table and holds an event of type "
         f"{kind or 0:#x} this reader does not know: it cannot be delivered whole",

@@ -32,7 +32,6 @@ needs on top:
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,11 +48,12 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
+    PartialUpdateRowsEvent,
     UpdateRowsEvent,
     WriteRowsEvent,
 )
 
-from poller.sources.mysql_binlog import compressed
+from poller.sources.mysql_binlog import compressed, statements
 from poller.sources.mysql_binlog.change import BinlogChange, ChangeKind, Txn, gtid_of, primary_key
 from poller.sources.mysql_binlog.position import BinlogPosition, GtidState, file_number
 from poller.sources.mysql_binlog.rows import binary_widths, pad_binary
@@ -68,7 +68,6 @@ _ROW_EVENTS = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
 HEARTBEAT_SECONDS = 0.5
 _MARIADB_STANDALONE = 0x01  # a GTID event's flag: the transaction is one statement (DDL), no XID follows
 _MARIADB_PREPARED_XA = 0x40  # a GTID event's flag: an XA transaction's prepared part (XA START .. XA PREPARE)
-_TRUNCATE = re.compile(r"^TRUNCATE\s+(?:TABLE\s+)?((?:`[^`]+`|\w+)(?:\s*\.\s*(?:`[^`]+`|\w+))?)", re.IGNORECASE)
 _UNSEEN = -2  # a transaction's rows are all new
 _ALL = 1 << 62  # a transaction's rows were all read before
 
@@ -211,6 +210,8 @@ class BinlogReader:
             self._xa_prepared(event)
         elif isinstance(event, NotImplementedEvent):
             self._undecoded(event, start)
+        elif not isinstance(event, (*statements.PASSED, HeartbeatLogEvent)):
+            self._unknown(int(event.packet.event_type))  # e.g. LOAD DATA in statement format
 
     def _undecoded(self, event: Any, start: int) -> None:
         """An event the library does not decode: decompressed, skipped when it carries no change,
@@ -220,10 +221,8 @@ class BinlogReader:
             plain = compressed.decompress(self._stream, event.packet)
             if plain is not None and not isinstance(plain, NotImplementedEvent):
                 self._event(plain)
-        elif kind >= 0 and self._txn is not None:
-            self._txn.unknown = kind
-            if self._txn.touched:
-                raise compressed.unknown_error(self._txn.position, kind)
+        elif kind >= 0:
+            self._unknown(kind)
 
     def _rotated(self, event: Any) -> None:
         """A new binlog file, or (timestamp 0, after the first) the library reconnected by itself."""
@@ -263,8 +262,8 @@ class BinlogReader:
             if xa:
                 self._xa_statement(event.query, int(event.packet.log_pos))
             return
-        if query.startswith("TRUNCATE"):
-            self._truncate(event, start)
+        if query.startswith(("TRUNCATE", "INSERT", "UPDATE", "DELETE", "REPLACE", "LOAD", "/*")):
+            self._statement(event, event.query, start)
         if self._txn is not None and (query == "COMMIT" or self._txn.standalone):
             self._commit(int(event.packet.log_pos))  # COMMIT: non-transactional tables; else DDL
 
@@ -302,18 +301,22 @@ class BinlogReader:
         else:
             self._rows.extend(changes)
 
-    def _truncate(self, event: Any, start: int) -> None:
-        match = _TRUNCATE.match(event.query.strip())
-        if match is None:
-            return
-        name = re.sub(r"[`\s]", "", match.group(1))
-        schema = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema or "")
-        table = name if "." in name else f"{schema}.{name}"
-        if table in self._tables:
-            txn = self._txn
-            at = txn.position if txn is not None else BinlogPosition.at(self._file, start)
-            if txn is None or txn.skip_through != _ALL:
-                self.truncated.append((table, at))
+    def _statement(self, event: Any, query: str, start: int) -> None:
+        """A TRUNCATE of a listed table is recorded; a statement-format change of one is an error."""
+        txn, schema = self._txn, statements.schema_of(event)
+        table = statements.truncated_table(query, schema)
+        if table is not None and table in self._tables and (txn is None or txn.skip_through != _ALL):
+            self.truncated.append((table, txn.position if txn is not None else BinlogPosition.at(self._file, start)))
+        error = statements.dml_error(query, schema, self._tables, f"{self._file}:{start}")
+        if error is not None:
+            raise error
+
+    def _unknown(self, kind: int) -> None:
+        """An event the reader does not know: an error once its transaction changes a listed table."""
+        if self._txn is not None:
+            self._txn.unknown = kind
+            if self._txn.touched:
+                raise compressed.unknown_error(self._txn.position, kind)
 
     def _commit(self, end: int) -> None:
         txn, self._txn = self._txn, None
@@ -369,8 +372,8 @@ class BinlogReader:
                 hint="add a primary key, or set pk to the columns that identify a row",
             )
         txn.touched = True
-        if txn.unknown is not None:
-            raise compressed.unknown_error(txn.position, txn.unknown)
+        if txn.unknown is not None or isinstance(event, PartialUpdateRowsEvent):  # MySQL's JSON diffs: no full row
+            raise compressed.unknown_error(txn.position, txn.unknown or compressed.PARTIAL_UPDATE_ROWS)
         if txn.skip_through == _ALL:
             return  # a transaction read whole before (re-sent by the library): its rows are not decoded
         rows = event.rows

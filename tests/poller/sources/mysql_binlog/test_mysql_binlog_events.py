@@ -20,6 +20,7 @@ from poller.sources.mysql_binlog.position import BinlogPosition
 from poller.sources.mysql_binlog.source import MysqlBinlogSource
 from poller.state.memory import MemoryStateStore
 from poller.tick.events import page_batch
+from shared.errors import SourceError
 from shared.models import Position, RowChange
 from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables, events_of
 from tests.poller.tick_support import RecordingSink, drain
@@ -240,3 +241,37 @@ def test_compressed_row_and_query_events_are_decompressed_and_delivered(compress
     assert events[3].before == {"id": 2, "v": "b", "n": 0} and events[4].after == {"a": 1, "b": "k", "v": long}
     # and the compressed TRUNCATE statement was read as one
     assert truncated == [f"{tables.database}.{tables.composite}"]
+
+
+# ---------------------------------------------------------------------------------------- changes without rows
+
+
+def test_a_statement_format_change_of_a_polled_table_stops_the_poller_before_it(tables: BinlogTables) -> None:
+    # Given a poller that has taken its start, a row written normally, and a statement-format write
+    # of another table (a session may set binlog_format = STATEMENT: its DML has no rows in the binlog)
+    source, start = _started(tables.config)
+    other = f"{tables.name}_other"
+    tables.sql(f"CREATE TABLE {other} (id INT PRIMARY KEY)")
+    try:
+        tables.insert([1])
+        with tables.engine.connect() as conn:
+            conn.exec_driver_sql("SET SESSION binlog_format = 'STATEMENT'")
+            conn.exec_driver_sql(f"INSERT INTO {other} VALUES (1)")
+            conn.commit()
+            # When such a session changes the poller's table (in a transaction with a row change)
+            conn.exec_driver_sql(f"INSERT INTO {tables.name} (id, v, n) VALUES (2, 'statement', 0)")
+            conn.exec_driver_sql(f"UPDATE `{tables.database}`.{tables.name} SET n = 5 WHERE id = 1")
+            conn.commit()
+        tables.insert([3])
+        # Then the poller delivers what precedes it and stops with an error naming the table and the setting
+        with pytest.raises(SourceError, match="statement-format change of") as stopped:
+            _read(source, start)
+        assert tables.qualified in str(stopped.value) and "binlog_format" in str(stopped.value.hint)
+        page = MysqlBinlogSource(tables.config).fetch(start, 1)  # the row before it
+        assert [r.event.pk["id"] for r in page.rows if r.event] == [1]
+        # and a poller resuming from its checkpoint stops there again: it never skips past the change
+        assert page.end is not None
+        with pytest.raises(SourceError, match="statement-format"):
+            _read(MysqlBinlogSource(tables.config), page.end)
+    finally:
+        tables.sql(f"DROP TABLE IF EXISTS {other}")
