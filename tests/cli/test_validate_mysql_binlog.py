@@ -255,3 +255,20 @@ def test_validate_fails_naming_log_bin_compress_and_a_check_that_raises_says_why
     (failed,) = [c for c in refused if c["name"] == "mysql_binlog"]
     assert failed["status"] == "fail" and "OperationalError" in failed["detail"], failed
     assert "s3cret-pw" not in failed["detail"] and "check source_url" in failed["detail"]
+
+
+def test_status_shows_a_truncate_the_poller_read_from_the_binlog(
+    workspace: Workspace, tables: BinlogTables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a binlog poller that took its start
+    _add_poller(workspace, tables, monkeypatch)
+    workspace.tick("changes")
+    # When its table is truncated (no rows in the binlog: nothing to deliver) and it ticks
+    tables.insert([1])
+    tables.sql("TRUNCATE TABLE {t}")
+    workspace.tick("changes")
+    # Then status shows the truncate, in JSON and in its table
+    (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+    assert [t["table"] for t in row["truncates"]] == [tables.qualified], row
+    text = workspace.run("status", "changes")
+    assert f"TRUNCATE of {tables.qualified}" in text.stdout, text.stdout
