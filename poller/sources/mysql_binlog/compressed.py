@@ -23,7 +23,15 @@ from typing import Any
 
 from shared.errors import SourceError
 
-__all__ = ["BENIGN_TYPES", "PARTIAL_UPDATE_ROWS", "TRANSACTION_PAYLOAD", "decompress", "unknown_error", "unknown_kind"]
+__all__ = [
+    "BENIGN_TYPES",
+    "PARTIAL_UPDATE_ROWS",
+    "TRANSACTION_PAYLOAD",
+    "decompress",
+    "event_body",
+    "unknown_error",
+    "unknown_kind",
+]
 
 _QUERY_COMPRESSED = 0xA5
 #: MariaDB's compressed rows events → the plain type (V1: 166-168, V2: 169-171).
@@ -80,9 +88,7 @@ def decompress(stream: Any, packet: Any) -> Any | None:
     the stream filters out, or an event type the stream does not hand over)."""
     event_type = int(packet.event_type)
     use_checksum = bool(getattr(stream, _STREAM + "use_checksum"))
-    body = packet.packet.get_all_data()[20:]  # after the OK byte and the 19-byte event header
-    if use_checksum:
-        body = body[:-4]
+    body = event_body(stream, packet)
     try:
         if event_type == _QUERY_COMPRESSED:
             head, packed, plain_type = _query_parts(stream, body)
@@ -99,6 +105,12 @@ def decompress(stream: Any, packet: Any) -> Any | None:
             "read if their events are intact",
         ) from exc
     return _decode(stream, packet, plain_type, data + (b"\0\0\0\0" if use_checksum else b""))
+
+
+def event_body(stream: Any, packet: Any) -> bytes:
+    """An event's bytes after its 19-byte header, without its checksum (as the server sent them)."""
+    body: bytes = packet.packet.get_all_data()[20:]  # after the OK byte and the header
+    return body[:-4] if getattr(stream, _STREAM + "use_checksum") else body
 
 
 def _query_parts(stream: Any, body: bytes) -> tuple[bytes, bytes, int]:

@@ -21,12 +21,10 @@ needs on top:
   labelled with its table's columns at the time it was written, whatever ALTER TABLE came since;
   ``BINARY(n)`` values, which the binlog writes without their trailing ``0x00`` bytes, are padded
   back to ``n`` from the table map (a key arrives as stored, and as a snapshot reads it);
-* **every event understood or an error**: MariaDB's compressed events are decompressed
-  (:mod:`~poller.sources.mysql_binlog.compressed`); an event type the library does not know, in a
-  transaction that changes a listed table, stops the read (the checkpoint stays before it);
-* **XA**: a prepared transaction's rows are delivered at its ``XA COMMIT``, never after its
-  ``XA ROLLBACK`` (:mod:`~poller.sources.mysql_binlog.xa`);
-* **TRUNCATE** of a listed table (a statement, no rows) is recorded in :attr:`BinlogReader.truncated`.
+* **every event understood or an error**: compressed events decompressed (compressed.py); an
+  unknown one in a transaction of a listed table, or a statement-format change of one
+  (statements.py), stops the read before it; a TRUNCATE is recorded (:attr:`BinlogReader.truncated`);
+* **XA**: rows delivered at ``XA COMMIT``, never after ``XA ROLLBACK`` (xa.py).
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from typing import Any
 
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import (
+    ExecuteLoadQueryEvent,
     GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
@@ -210,8 +209,13 @@ class BinlogReader:
             self._xa_prepared(event)
         elif isinstance(event, NotImplementedEvent):
             self._undecoded(event, start)
+        elif isinstance(event, ExecuteLoadQueryEvent):  # LOAD DATA in statement format: no rows
+            schema, query = statements.load_statement(compressed.event_body(self._stream, event.packet))
+            self._unknown(int(event.packet.event_type))
+            if error := statements.dml_error(query, schema, self._tables, f"{self._file}:{start}"):
+                raise error
         elif not isinstance(event, (*statements.PASSED, HeartbeatLogEvent)):
-            self._unknown(int(event.packet.event_type))  # e.g. LOAD DATA in statement format
+            self._unknown(int(event.packet.event_type))
 
     def _undecoded(self, event: Any, start: int) -> None:
         """An event the library does not decode: decompressed, skipped when it carries no change,

@@ -30,7 +30,7 @@ from pymysqlreplication.row_event import TableMapEvent
 
 from shared.errors import SourceError
 
-__all__ = ["PASSED", "dml_error", "schema_of", "truncated_table"]
+__all__ = ["PASSED", "dml_error", "load_statement", "schema_of", "truncated_table"]
 
 #: Events the library decodes that carry no change of their own: read past. (A statement's
 #: context — user variables, RAND seeds, auto-increment values, a LOAD DATA file's bytes — only
@@ -50,6 +50,17 @@ def schema_of(event: Any) -> str:
     """A query event's default database (the statement's unqualified names are in it)."""
     schema = event.schema
     return schema.decode() if isinstance(schema, bytes) else str(schema or "")
+
+
+def load_statement(body: bytes) -> tuple[str, str]:
+    """``(schema, statement)`` of an Execute_load_query event's body (statement-format ``LOAD
+    DATA``; the library does not decode its text): a query event's post-header (13 bytes) and
+    the file id, offsets and duplicate handling (13), the status variables, the database and its
+    NUL, then the statement."""
+    db_len, status_len = body[8], int.from_bytes(body[11:13], "little")
+    at = 26 + status_len
+    schema = body[at : at + db_len].decode(errors="replace")
+    return schema, body[at + db_len + 1 :].decode(errors="replace")
 
 
 def truncated_table(query: str, schema: str) -> str | None:

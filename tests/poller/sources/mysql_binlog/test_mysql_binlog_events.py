@@ -11,6 +11,7 @@ import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -275,3 +276,32 @@ def test_a_statement_format_change_of_a_polled_table_stops_the_poller_before_it(
             _read(MysqlBinlogSource(tables.config), page.end)
     finally:
         tables.sql(f"DROP TABLE IF EXISTS {other}")
+
+
+def test_a_statement_format_load_data_into_a_polled_table_stops_the_poller_before_it(
+    tables: BinlogTables, tmp_path: Path
+) -> None:
+    # Given a poller that has taken its start, and a STATEMENT-format session that loads a file into
+    # its table (LOAD DATA: Begin_load_query and Execute_load_query events, no rows; the library
+    # decodes no statement text of it)
+    source, start = _started(tables.config)
+    tables.insert([1])
+    data = tmp_path / "rows.tsv"
+    data.write_text("20\tloaded\t0\n21\tloaded\t0\n")
+    engine = sa.create_engine(tables.url, connect_args={"local_infile": True})
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SET SESSION binlog_format = 'STATEMENT'")
+            conn.exec_driver_sql(f"LOAD DATA LOCAL INFILE '{data}' INTO TABLE {tables.name}")
+            conn.commit()
+    finally:
+        engine.dispose()
+    tables.insert([3])
+    # When the poller reads it, Then it stops with an error naming the table, never skipping the rows
+    with pytest.raises(SourceError, match=f"statement-format change of {tables.qualified}"):
+        _read(source, start)
+    # and its checkpoint never passes the load: a resumed poller stops there again
+    page = MysqlBinlogSource(tables.config).fetch(start, 1)
+    assert [r.event.pk["id"] for r in page.rows if r.event] == [1] and page.end is not None
+    with pytest.raises(SourceError, match="statement-format"):
+        _read(MysqlBinlogSource(tables.config), page.end)
