@@ -1,8 +1,9 @@
 """kind = "mysql_binlog": binlog contents the plain row path does not cover (MariaDB, real servers).
 
 ``BINARY(n)`` keys the binlog writes without their trailing ``0x00`` bytes; XA transactions,
-whose rows the binlog holds from ``XA PREPARE`` on; ``TRUNCATE``, a statement with no rows; and
-MariaDB's compressed events (``log_bin_compress = ON``, a private server of its own).
+whose rows the binlog holds from ``XA PREPARE`` on; ``TRUNCATE``, a statement with no rows;
+MariaDB's compressed events (``log_bin_compress = ON``, a private server of its own); and
+statement-format changes (a session's ``binlog_format = STATEMENT``), which have no rows either.
 """
 
 from __future__ import annotations
