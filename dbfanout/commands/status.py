@@ -124,6 +124,9 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         problems += f"; {depth['error']}" if "error" in depth else ""
         if row.get("sink_refusing"):
             problems += ("; " if problems else "") + f"[red]{sink_refusing_line(row['sink_refusing'])}[/]"
+        for truncate in row.get("truncates") or ():  # read from the binlog, not delivered (docs/operations.md)
+            line = f"TRUNCATE of {truncate.get('table')} at {truncate.get('at')} not delivered"
+            problems += ("; " if problems else "") + f"[yellow]{escape(line)}[/]"
         table.add_row(
             row["poller"],
             where,

@@ -9,8 +9,9 @@ table (poller/snapshot/mysql.py), as it does for pg_logical pollers.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import sqlalchemy as sa
 
@@ -20,6 +21,7 @@ from poller.sources.engines import source_engine
 from poller.sources.mysql_binlog.source import MysqlBinlogSource, qualified_tables
 from shared.config import PollerConfig
 from shared.errors import ConfigError
+from shared.scrub import describe_error
 
 __all__ = ["MIN_RETENTION_SECONDS", "binlog_checks"]
 
@@ -29,6 +31,7 @@ MIN_RETENTION_SECONDS = 3 * 86400
 _SETTINGS = (
     "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
     "binlog_expire_logs_seconds", "expire_logs_days", "version", "binlog_order_commits",
+    "log_bin_compress", "binlog_transaction_compression", "binlog_row_value_options",
 )  # fmt: skip
 _AZURE = "Azure Flexible Server: Server parameters in the portal, or az mysql flexible-server parameter set"
 _WANTED = {
@@ -37,39 +40,102 @@ _WANTED = {
     "binlog_row_metadata": ("FULL", "each change carries its column names (MariaDB 10.5+, MySQL 8.0.1+)"),
 }
 
+#: Compressed binlogs (docs/operations.md): MariaDB's compressed events are decompressed by the
+#: reader, MySQL's compressed transactions stop the poller; either way validate fails on them.
+_COMPRESSION = {
+    "log_bin_compress": (
+        "MariaDB writes larger row and query events compressed (dbfanout decompresses them, but a replica-protocol "
+        "reader that does not stops or skips them)",
+        "SET GLOBAL log_bin_compress = OFF, and in the server's config",
+    ),
+    "binlog_transaction_compression": (
+        "MySQL writes transactions as compressed payloads this poller cannot read: it stops at the first one",
+        f"SET GLOBAL binlog_transaction_compression = OFF; {_AZURE}",
+    ),
+}
+
 
 def binlog_checks(cfg: PollerConfig, *, others: tuple[PollerConfig, ...] = (), fix: bool = False) -> Iterator[Check]:
     """The checks of one mysql_binlog poller (``others``: the config's other pollers, for server ids;
-    ``fix``: create the signal table when it is missing)."""
+    ``fix``: create the signal table when it is missing). A check that raises is a failed check
+    with the error's scrubbed text and what to do, never a crash of validate or a wordless line."""
     p = cfg.name
     try:
-        with source_engine(cfg).connect() as conn:
+        engine = source_engine(cfg)
+        with engine.connect() as conn:
             names = ", ".join(f"'{n}'" for n in _SETTINGS)  # constants, not input
             shown = conn.execute(sa.text(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})"))
             values = {str(k).lower(): str(v) for k, v in shown}
-            if values.get("log_bin", "OFF").upper() != "ON":
-                yield Check(p, "log_bin", "fail", "the server writes no binary log: turn log_bin on and restart it "
-                            "(Azure Flexible Server has it on always)")  # fmt: skip
-                return
-            yield Check(p, "log_bin", "ok", "ON")
-            for name, (wanted, why) in _WANTED.items():
-                value = values.get(name)
-                if value is None:
-                    yield Check(p, name, "fail", f"the server has no {name} (needs MariaDB 10.5+ or MySQL 8.0.1+)")
-                elif value.upper() != wanted:
-                    yield Check(p, name, "fail", f"{name} is {value}: set it to {wanted} ({why}); {_AZURE}")
-                else:
-                    yield Check(p, name, "ok", wanted)
-            yield _retention_check(p, values)
-            yield from _commit_order_check(cfg, values)
-            yield from _server_id_checks(conn, cfg, values, others)
-            yield from _grant_checks(conn, p)
-            yield from _table_checks(conn, cfg)
-            yield from _signal_check(conn, cfg, fix)
             conn.rollback()
-        yield from _stream_check(cfg)
-    except Exception as exc:  # a database error is a failed check, never a crash of validate
-        yield Check(p, "mysql_binlog", "fail", f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # unreachable, refused: nothing else can be checked
+        yield _failed(p, "mysql_binlog", exc, _WHAT_TO_DO["mysql_binlog"])
+        return
+    if values.get("log_bin", "OFF").upper() != "ON":
+        yield Check(p, "log_bin", "fail", "the server writes no binary log: turn log_bin on and restart it "
+                    "(Azure Flexible Server has it on always)")  # fmt: skip
+        return
+    yield Check(p, "log_bin", "ok", "ON")
+    yield from _setting_checks(p, values)
+    yield _retention_check(p, values)
+    yield from _commit_order_check(cfg, values)
+    yield from _guarded(p, "mysql_binlog", lambda: _server_checks(engine, cfg, values, others, fix))
+    yield from _guarded(p, "stream", lambda: _stream_check(cfg))
+
+
+def _server_checks(
+    engine: sa.Engine, cfg: PollerConfig, values: dict[str, str], others: tuple[PollerConfig, ...], fix: bool
+) -> Iterator[Check]:
+    p = cfg.name
+    with engine.connect() as conn:
+        yield from _guarded(p, "server_id", lambda: _server_id_checks(conn, cfg, values, others))
+        yield from _guarded(p, "grants", lambda: _grant_checks(conn, p))
+        yield from _guarded(p, "table", lambda: _table_checks(conn, cfg))
+        yield from _guarded(p, "signal table", lambda: _signal_check(conn, cfg, fix))
+        conn.rollback()
+
+
+def _guarded(p: str, name: str, checks: Callable[[], Iterator[Check]]) -> Iterator[Check]:
+    """``checks()``'s checks; an exception is a failed check ``name`` with its scrubbed text."""
+    try:
+        yield from checks()
+    except Exception as exc:
+        yield _failed(p, name, exc, _WHAT_TO_DO.get(name, "fix what the error names, then run validate again"))
+
+
+_WHAT_TO_DO = {
+    "server_id": "the user needs REPLICATION SLAVE ADMIN or REPLICA MONITOR to list replicas; or check server_id",
+    "grants": "grant the poller's user REPLICATION SLAVE and REPLICATION CLIENT (MariaDB: BINLOG MONITOR) ON *.*",
+    "table": "check that the poller's tables exist and the user may read information_schema",
+    "signal table": "create the signal table with `dbfanout validate --fix`, or give the user CREATE on its database",
+    "mysql_binlog": "check source_url, the network path and the user's password",
+    "stream": "the user needs REPLICATION SLAVE, and the server's binlog settings above must be right; "
+    "see docs/operations.md (mysql_binlog)",
+}
+
+
+def _failed(p: str, name: str, exc: Exception, what: str) -> Check:
+    return Check(p, name, "fail", f"{describe_error(exc)} ({what})")
+
+
+def _setting_checks(p: str, values: dict[str, str]) -> Iterator[Check]:
+    for name, (wanted, why) in _WANTED.items():
+        value = values.get(name)
+        if value is None:
+            yield Check(p, name, "fail", f"the server has no {name} (needs MariaDB 10.5+ or MySQL 8.0.1+)")
+        elif value.upper() != wanted:
+            yield Check(p, name, "fail", f"{name} is {value}: set it to {wanted} ({why}); {_AZURE}")
+        else:
+            yield Check(p, name, "ok", wanted)
+    for name, (detail, fix) in _COMPRESSION.items():
+        value = values.get(name)
+        if value is not None and value.upper() == "ON":
+            yield Check(p, name, "fail", f"{name} is ON: {detail}; set it to OFF ({fix})")
+        elif value is not None:
+            yield Check(p, name, "ok", value.upper())
+    partial = values.get("binlog_row_value_options")
+    if partial is not None and "PARTIAL_JSON" in partial.upper():
+        yield Check(p, "binlog_row_value_options", "fail", "binlog_row_value_options is PARTIAL_JSON: JSON updates "
+                    f"are written as diffs, not rows (the poller stops at one); set it to ''; {_AZURE}")  # fmt: skip
 
 
 def _retention_check(p: str, values: dict[str, str]) -> Check:
@@ -201,12 +267,21 @@ def _signal_check(conn: sa.Connection, cfg: PollerConfig, fix: bool) -> Iterator
 
 
 def _stream_check(cfg: PollerConfig) -> Iterator[Check]:
-    """Open a replication stream at the binlog's end, as the poller's ticks do."""
-    source = MysqlBinlogSource(cfg)
+    """Open a replication stream at the binlog's end, as the poller's ticks do. Its snapshot is not
+    started (``snapshot = "initial"`` would make the first page a chunk of rows, with no position to
+    read on from), and a quiet server (no write since) still gets a stream opened and read."""
+    source = MysqlBinlogSource(dataclasses.replace(cfg, snapshot="never"))
     try:
-        start = source.fetch(None, 1).advance
-        assert start is not None
+        start = source.fetch(None, 1).end
+        if start is None:
+            why = "the binlog's end could not be read (SHOW MASTER STATUS gave no position)"
+            yield Check(cfg.name, "stream", "fail", f"{why}: check log_bin and the REPLICATION CLIENT grant")
+            return
         source.fetch(start, 1)
+        opened = source.streams_opened
     finally:
         source.close()
+    if not opened:
+        yield Check(cfg.name, "stream", "warn", "no replication stream was opened (nothing to read): not checked")
+        return
     yield Check(cfg.name, "stream", "ok", f"read the binlog as replica {cfg.server_id}")

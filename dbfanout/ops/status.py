@@ -117,6 +117,8 @@ def poller_status(config: Config, name: str, now: dt.datetime) -> dict[str, Any]
             out["sink_refusing"] = sink_refusing(doc.checkpoint.metadata, now)
             if truncate := (doc.checkpoint.metadata.get(SOURCE_NOTES) or {}).get(TRUNCATE_NOTE):
                 out["last_truncate"] = truncate  # pg_logical: never delivered as an event, so shown here
+            if truncates := (doc.checkpoint.metadata.get(SOURCE_NOTES) or {}).get("truncates"):
+                out["truncates"] = truncates  # mysql_binlog: the TRUNCATEs read, never delivered as rows
             if position is not None and position.snapshot is not None:
                 out["snapshot"] = snapshot_progress(position.snapshot, doc.checkpoint.updated_at)
             if late := initial_too_late(cfg, position):

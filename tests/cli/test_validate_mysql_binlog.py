@@ -185,3 +185,90 @@ def test_snapshot_writes_a_request_the_binlog_carries_to_signal_of(
     assert signals[0] is not None
     state, warning = apply_request(cfg, None, signals[0][2], signals[0][1], dt.datetime.now(dt.UTC))
     assert warning is None and state is not None and state.tables == (tables.qualified,) and state.chunk_size == 9
+
+
+def _poller_on(workspace: Workspace, url: str, table: str, monkeypatch: pytest.MonkeyPatch, more: str = "") -> None:
+    monkeypatch.setenv("FRESH_BINLOG_URL", url)
+    workspace.config_path.write_text(
+        workspace.config_path.read_text()
+        + f'\n[pollers.changes]\nkind = "mysql_binlog"\nsource_url = "${{FRESH_BINLOG_URL}}"\ntables = ["{table}"]\n'
+        + f'queue = "{workspace.queue}"\n{more}'
+    )
+
+
+def _checks(workspace: Workspace, *args: str) -> list[dict[str, str]]:
+    result = workspace.run("validate", "changes", "--json", *args)
+    return [c for c in json.loads(result.stdout)["checks"] if c["poller"] == "changes"]
+
+
+def test_validate_passes_on_a_fresh_server_right_after_fix_for_an_initial_snapshot_of_a_table_with_rows(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a freshly set-up MariaDB (binlog on, nothing written since but the table), a table
+    # with rows, and a binlog poller with snapshot = "initial" (issue 39: AssertionError, no words)
+    from tests.support.private_mariadb import binaries_missing, start_private_mariadb
+
+    if binaries_missing():
+        pytest.skip(str(binaries_missing()))
+    server = start_private_mariadb()
+    try:
+        engine = sa.create_engine(server.url)
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE orders (id INT PRIMARY KEY, v VARCHAR(10))"))
+            conn.execute(sa.text("INSERT INTO orders VALUES (1, 'a'), (2, 'b')"))
+        engine.dispose()
+        _poller_on(workspace, server.url, "orders", monkeypatch, 'snapshot = "initial"\n')
+        # When validate --fix creates the signal table, then validate runs again
+        fixed = _checks(workspace, "--fix")
+        checks = _checks(workspace)
+    finally:
+        server.stop()
+    # Then no check of the poller fails, and each binlog check passes, the stream check included
+    assert [c for c in fixed + checks if c["status"] == "fail"] == [], (fixed, checks)
+    binlog = ("log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "log_bin_compress",
+              "server_id", "grants", "table", "signal table", "stream")  # fmt: skip
+    assert {c["name"]: c["status"] for c in checks if c["name"] in binlog} == dict.fromkeys(binlog, "ok")
+
+
+def test_validate_fails_naming_log_bin_compress_and_a_check_that_raises_says_why(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a MariaDB writing compressed binlog events, and a poller whose table does not exist
+    # (its stream still opens) and whose URL carries a password the server refuses
+    from tests.support.private_mariadb import binaries_missing, start_private_mariadb
+
+    if binaries_missing():
+        pytest.skip(str(binaries_missing()))
+    server = start_private_mariadb(extra=("--log-bin-compress=ON",))
+    try:
+        _poller_on(workspace, server.url, "orders", monkeypatch)
+        checks = {c["name"]: c for c in _checks(workspace)}
+        wrong = sa.make_url(server.url).set(password="s3cret-pw").render_as_string(hide_password=False)
+        monkeypatch.setenv("FRESH_BINLOG_URL", wrong)
+        refused = _checks(workspace)
+    finally:
+        server.stop()
+    # Then validate fails on the setting, naming it and the fix
+    compress = checks["log_bin_compress"]
+    assert compress["status"] == "fail" and "log_bin_compress = OFF" in compress["detail"], compress
+    # and a check that raises is a failed check with the error's text (never the password) and what to do
+    (failed,) = [c for c in refused if c["name"] == "mysql_binlog"]
+    assert failed["status"] == "fail" and "OperationalError" in failed["detail"], failed
+    assert "s3cret-pw" not in failed["detail"] and "check source_url" in failed["detail"]
+
+
+def test_status_shows_a_truncate_the_poller_read_from_the_binlog(
+    workspace: Workspace, tables: BinlogTables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a binlog poller that took its start
+    _add_poller(workspace, tables, monkeypatch)
+    workspace.tick("changes")
+    # When its table is truncated (no rows in the binlog: nothing to deliver) and it ticks
+    tables.insert([1])
+    tables.sql("TRUNCATE TABLE {t}")
+    workspace.tick("changes")
+    # Then status shows the truncate, in JSON and in its table
+    (row,) = json.loads(workspace.run("status", "changes", "--json").stdout)
+    assert [t["table"] for t in row["truncates"]] == [tables.qualified], row
+    text = workspace.run("status", "changes")
+    assert f"TRUNCATE of {tables.qualified}" in text.stdout, text.stdout

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,8 +108,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def start_private_mariadb(timeout: float = 120.0) -> PrivateMariaDB:
-    """Initialise a data directory and start ``mariadbd`` on a free port with the binlog on."""
+def start_private_mariadb(timeout: float = 120.0, extra: Sequence[str] = ()) -> PrivateMariaDB:
+    """Initialise a data directory and start ``mariadbd`` on a free port with the binlog on
+    (``extra``: more server options, e.g. ``--log-bin-compress=ON``)."""
     server, install = _binary("mariadbd", "mysqld"), _binary("mariadb-install-db", "mysql_install_db")
     assert server is not None and install is not None, binaries_missing()
     directory = Path(tempfile.mkdtemp(prefix="dbfanout-mariadb-"))
@@ -125,7 +127,7 @@ def start_private_mariadb(timeout: float = 120.0) -> PrivateMariaDB:
         [server, "--no-defaults", f"--datadir={data}", f"--socket={directory / 'mariadbd.sock'}",
          f"--pid-file={directory / 'mariadbd.pid'}", f"--port={port}", "--bind-address=127.0.0.1",
          "--skip-name-resolve", "--performance-schema=OFF", "--innodb-buffer-pool-size=64M",
-         "--innodb-log-file-size=48M", "--max-connections=200", *BINLOG_SETTINGS, *as_root],
+         "--innodb-log-file-size=48M", "--max-connections=200", *BINLOG_SETTINGS, *extra, *as_root],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
     )  # fmt: skip
     log.close()

@@ -18,81 +18,57 @@ needs on top:
   stream that restarts inside a transaction is an error (the source re-reads from its checkpoint).
 * **columns as they were**: names and the primary key come from each table map event's own
   metadata (``binlog_row_metadata = FULL``), never from ``information_schema``: a change is
-  labelled with its table's columns at the time it was written, whatever ALTER TABLE came since.
+  labelled with its table's columns at the time it was written, whatever ALTER TABLE came since;
+  ``BINARY(n)`` values, which the binlog writes without their trailing ``0x00`` bytes, are padded
+  back to ``n`` from the table map (a key arrives as stored, and as a snapshot reads it);
+* **every event understood or an error**: compressed events decompressed (compressed.py); an
+  unknown one in a transaction of a listed table, or a statement-format change of one
+  (statements.py), stops the read before it; a TRUNCATE is recorded (:attr:`BinlogReader.truncated`);
+* **XA**: rows delivered at ``XA COMMIT``, never after ``XA ROLLBACK`` (xa.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import (
+    ExecuteLoadQueryEvent,
     GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
+    NotImplementedEvent,
     QueryEvent,
     RotateEvent,
+    XAPrepareEvent,
     XidEvent,
 )
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
+    PartialUpdateRowsEvent,
     UpdateRowsEvent,
     WriteRowsEvent,
 )
 
+from poller.sources.mysql_binlog import compressed, statements
+from poller.sources.mysql_binlog.change import BinlogChange, ChangeKind, Txn, gtid_of, primary_key
 from poller.sources.mysql_binlog.position import BinlogPosition, GtidState, file_number
+from poller.sources.mysql_binlog.rows import binary_widths, pad_binary
+from poller.sources.mysql_binlog.xa import XaHold, xa_statement
 from shared.errors import FetchError, SourceError
 
 __all__ = ["BinlogChange", "BinlogReader", "ChangeKind"]
-
-ChangeKind = Literal["insert", "update", "delete"]
 
 _ROW_EVENTS = (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)
 #: Seconds of silence after which the server sends a heartbeat: a read that has not met the end it
 #: was opened for (an event the server does not send) ends then, as caught up.
 HEARTBEAT_SECONDS = 0.5
 _MARIADB_STANDALONE = 0x01  # a GTID event's flag: the transaction is one statement (DDL), no XID follows
+_MARIADB_PREPARED_XA = 0x40  # a GTID event's flag: an XA transaction's prepared part (XA START .. XA PREPARE)
 _UNSEEN = -2  # a transaction's rows are all new
 _ALL = 1 << 62  # a transaction's rows were all read before
-
-
-class BinlogChange(NamedTuple):
-    """One row change of a listed table, as the binlog wrote it.
-
-    A named tuple of its transaction's start and its index in it, not a dataclass holding a
-    position of its own: one is made per change, and a frozen dataclass (and a position per
-    change) cost more than the rest of our per-change work (BENCHMARKS.md, issue 30).
-    """
-
-    txn: BinlogPosition  # the transaction's start (seq -1)
-    seq: int  # the change's index among the transaction's changes of the listed tables
-    kind: ChangeKind
-    table: str  # schema.table
-    pk: tuple[str, ...]
-    before: dict[str, Any] | None  # updates and deletes: the old row (binlog_row_image = FULL)
-    after: dict[str, Any] | None  # inserts and updates: the new row
-    committed_at: dt.datetime
-
-    @property
-    def position(self) -> BinlogPosition:
-        return self.txn.with_seq(self.seq)
-
-    @property
-    def key(self) -> BinlogPosition:
-        """Its position key in the log (the snapshot coordinator's; ordered as the binlog)."""
-        return self.txn.with_seq(self.seq)
-
-
-@dataclass(slots=True)
-class _Txn:
-    position: BinlogPosition  # seq -1: the transaction's start
-    skip_through: int  # rows at or below this index were read before
-    standalone: bool
-    committed_at: dt.datetime
-    seq: int = -1
 
 
 class BinlogReader:
@@ -125,7 +101,7 @@ class BinlogReader:
         self._start = start
         self._by_gtid = by_gtid and start.gtid_state is not None
         self._state = GtidState(start.gtid_state or "") if self._by_gtid else None
-        self._txn: _Txn | None = None
+        self._txn: Txn | None = None
         self._last_txn: BinlogPosition | None = None  # the last transaction read whole (coordinates)
         self._file = start.file
         # Between transactions: where the next page starts when this stream finds no row.
@@ -154,6 +130,8 @@ class BinlogReader:
             "only_tables": names,
             "enable_logging": False,
             "resume_stream": True,
+            # Events it does not decode are handed over too: each is understood here or an error.
+            "filter_non_implemented_events": False,
         }
         if self._by_gtid:
             options.update(is_mariadb=True, auto_position=start.gtid_state)
@@ -161,6 +139,9 @@ class BinlogReader:
             options.update(log_file=start.file, log_pos=start.txn_pos)
         self._stream = BinLogStreamReader(**options)
         self._rows: list[BinlogChange] = []
+        self._xa = XaHold()
+        #: ``(table, position)`` of each TRUNCATE of a listed table read (the source warns and records it).
+        self.truncated: list[tuple[str, BinlogPosition]] = []
         self._resent: dict[str, int] = {}  # GTID -> rows read of it when the library reconnected
         self._connected = False
         self.restarts = 0  # reconnections the library made by itself (its re-sends are skipped)
@@ -224,6 +205,28 @@ class BinlogReader:
             self._commit(int(event.packet.log_pos))
         elif isinstance(event, _ROW_EVENTS):
             self._rows_of(event)
+        elif isinstance(event, XAPrepareEvent):
+            self._xa_prepared(event)
+        elif isinstance(event, NotImplementedEvent):
+            self._undecoded(event, start)
+        elif isinstance(event, ExecuteLoadQueryEvent):  # LOAD DATA in statement format: no rows
+            schema, query = statements.load_statement(compressed.event_body(self._stream, event.packet))
+            self._unknown(int(event.packet.event_type))
+            if error := statements.dml_error(query, schema, self._tables, f"{self._file}:{start}"):
+                raise error
+        elif not isinstance(event, (*statements.PASSED, HeartbeatLogEvent)):
+            self._unknown(int(event.packet.event_type))
+
+    def _undecoded(self, event: Any, start: int) -> None:
+        """An event the library does not decode: decompressed, skipped when it carries no change,
+        else an error once its transaction changes a listed table (compressed.py)."""
+        kind = compressed.unknown_kind(event.packet, f"{self._file}:{start}")
+        if kind is None:
+            plain = compressed.decompress(self._stream, event.packet)
+            if plain is not None and not isinstance(plain, NotImplementedEvent):
+                self._event(plain)
+        elif kind >= 0:
+            self._unknown(kind)
 
     def _rotated(self, event: Any) -> None:
         """A new binlog file, or (timestamp 0, after the first) the library reconnected by itself."""
@@ -243,23 +246,81 @@ class BinlogReader:
     def _begin(self, event: Any, start: int) -> None:
         if self._txn is not None:  # ended without an XID or COMMIT we know: it is over
             self._commit(start)
-        gtid = _gtid_of(event)
+        gtid = gtid_of(event)
         state = str(self._state) if self._state is not None else None
         position = BinlogPosition.at(self._file, start, gtid=gtid, gtid_state=state)
-        standalone = isinstance(event, MariadbGtidEvent) and bool(event.flags & _MARIADB_STANDALONE)
+        mariadb = isinstance(event, MariadbGtidEvent)
+        standalone = mariadb and bool(event.flags & _MARIADB_STANDALONE)
         at = dt.datetime.fromtimestamp(event.timestamp, dt.UTC)
-        self._txn = _Txn(position, self._skip_through(position), standalone, at)
+        self._txn = Txn(position, self._skip_through(position), standalone, at)
+        self._txn.xa = mariadb and bool(event.flags & _MARIADB_PREPARED_XA)
 
     def _query(self, event: Any, start: int) -> None:
         query = event.query.strip().upper() if isinstance(event.query, str) else ""
-        if query == "BEGIN":
-            if self._txn is None:  # no GTID event before it (MySQL with gtid_mode = OFF and no anonymous GTID)
+        xa = query.startswith("XA ")
+        if query == "BEGIN" or xa:
+            if self._txn is None:  # no GTID event before it (MySQL with gtid_mode = OFF: an anonymous GTID)
                 position = BinlogPosition.at(self._file, start)
                 at = dt.datetime.fromtimestamp(event.timestamp, dt.UTC)
-                self._txn = _Txn(position, self._skip_through(position), False, at)
+                self._txn = Txn(position, self._skip_through(position), False, at)
+            if xa:
+                self._xa_statement(event.query, int(event.packet.log_pos))
             return
+        if query.startswith(("TRUNCATE", "INSERT", "UPDATE", "DELETE", "REPLACE", "LOAD", "/*")):
+            self._statement(event, event.query, start)
         if self._txn is not None and (query == "COMMIT" or self._txn.standalone):
             self._commit(int(event.packet.log_pos))  # COMMIT: non-transactional tables; else DDL
+
+    def _xa_statement(self, query: str, end: int) -> None:
+        statement, txn = xa_statement(query), self._txn
+        if statement is None or txn is None:
+            return  # not an XA statement we know (XA RECOVER is not binlogged)
+        verb, xid, one_phase = statement
+        if verb in ("START", "END"):  # MySQL writes XA START as a statement; MariaDB flags the GTID
+            txn.xa, txn.xid = True, xid
+            return
+        if txn.xa and one_phase:  # XA COMMIT ... ONE PHASE inside the transaction: committed now
+            txn.xa = False
+            self._emit(txn.held)
+        elif txn.skip_through != _ALL:  # the outcome of a transaction prepared before (not a re-send)
+            released = self._xa.resolve(xid, verb == "COMMIT")
+            if released is not None:
+                self._rows.extend(released)
+        self._commit(end)
+
+    def _xa_prepared(self, event: Any) -> None:
+        """XA PREPARE (MySQL: or XA COMMIT ONE PHASE): the prepared part ends here."""
+        txn = self._txn
+        if txn is not None and txn.held and txn.skip_through != _ALL:
+            if getattr(event, "one_phase", False):
+                self._emit(txn.held)
+            else:
+                self._xa.prepared(txn.xid or "", txn.held)
+        self._commit(int(event.packet.log_pos))
+
+    def _emit(self, changes: list[BinlogChange]) -> None:
+        """Committed changes: handed out, or held behind a prepared XA transaction with no outcome yet."""
+        if self._xa.holding:
+            self._xa.add(changes)
+        else:
+            self._rows.extend(changes)
+
+    def _statement(self, event: Any, query: str, start: int) -> None:
+        """A TRUNCATE of a listed table is recorded; a statement-format change of one is an error."""
+        txn, schema = self._txn, statements.schema_of(event)
+        table = statements.truncated_table(query, schema)
+        if table is not None and table in self._tables and (txn is None or txn.skip_through != _ALL):
+            self.truncated.append((table, txn.position if txn is not None else BinlogPosition.at(self._file, start)))
+        error = statements.dml_error(query, schema, self._tables, f"{self._file}:{start}")
+        if error is not None:
+            raise error
+
+    def _unknown(self, kind: int) -> None:
+        """An event the reader does not know: an error once its transaction changes a listed table."""
+        if self._txn is not None:
+            self._txn.unknown = kind
+            if self._txn.touched:
+                raise compressed.unknown_error(self._txn.position, kind)
 
     def _commit(self, end: int) -> None:
         txn, self._txn = self._txn, None
@@ -270,8 +331,10 @@ class BinlogReader:
         if txn.skip_through != _ALL:
             self._last_txn = txn.position
         state = str(self._state) if self._state is not None else None
-        # Between transactions: the next one starts here (a checkpoint here skips nothing of it).
-        self.position = BinlogPosition.at(self._file, end, gtid_state=state)
+        # Between transactions: the next one starts here (a checkpoint here skips nothing of it),
+        # unless changes are held behind a prepared XA transaction: then before it (see xa.py).
+        if not self._xa.holding:
+            self.position = BinlogPosition.at(self._file, end, gtid_state=state)
 
     def _skip_through(self, position: BinlogPosition) -> int:
         """The highest index of ``position``'s transaction that was read before (-2: none)."""
@@ -306,15 +369,21 @@ class BinlogReader:
                 hint="set binlog_row_metadata = FULL on the server (MariaDB 10.5+, MySQL 8.0.1+); "
                 "changes written before that cannot be labelled: reset the checkpoint after setting it",
             )
-        pk = self._pk or _primary_key(event)
+        pk = self._pk or primary_key(event)
         if not pk:
             raise SourceError(
                 f"table {table} has no primary key (binlog at {self._file}:{event.packet.log_pos})",
                 hint="add a primary key, or set pk to the columns that identify a row",
             )
+        txn.touched = True
+        if txn.unknown is not None or isinstance(event, PartialUpdateRowsEvent):  # MySQL's JSON diffs: no full row
+            raise compressed.unknown_error(txn.position, txn.unknown or compressed.PARTIAL_UPDATE_ROWS)
         if txn.skip_through == _ALL:
             return  # a transaction read whole before (re-sent by the library): its rows are not decoded
         rows = event.rows
+        padded = binary_widths(event)
+        if padded:
+            pad_binary(rows, padded)
         first = txn.seq + 1  # the index of the event's first row in its transaction
         txn.seq += len(rows)
         if txn.skip_through >= first:
@@ -331,19 +400,7 @@ class BinlogReader:
             changes = [make(start, s, "insert", table, pk, None, r["values"], at) for s, r in enumerate(rows, first)]
         else:
             changes = [make(start, s, "delete", table, pk, r["values"], None, at) for s, r in enumerate(rows, first)]
-        self._rows.extend(changes)
-
-
-def _gtid_of(event: Any) -> str | None:
-    if isinstance(event, MariadbGtidEvent):
-        return str(event.gtid)
-    if int(getattr(event, "gno", 0) or 0) <= 0 or not any(event.sid):
-        return None  # MySQL's anonymous GTID (gtid_mode = OFF)
-    return str(event.gtid)
-
-
-def _primary_key(event: Any) -> tuple[str, ...]:
-    key = event.primary_key
-    if not key:
-        return ()
-    return (key,) if isinstance(key, str) else tuple(key)
+        if txn.xa:
+            txn.held.extend(changes)
+        else:
+            self._emit(changes)

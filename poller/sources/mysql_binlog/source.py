@@ -43,15 +43,18 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from poller.ports import EventFields, Page, SourceRow
+from poller.ports import Page, SourceRow
 from poller.snapshot.contracts import ChunkSource, LogRead, Signal
 from poller.snapshot.coordinator import SnapshotCoordinator
 from poller.snapshot.mysql import MysqlChunkReader, signal_table
 from poller.snapshot.requests import signal_of
-from poller.sources.engines import db_errors, require_driver, source_engine
+from poller.sources.engines import require_driver, source_engine
 from poller.sources.mysql_binlog.position import BinlogPosition, file_number
+from poller.sources.mysql_binlog.rows import RowMaker, text_values
+from poller.sources.mysql_binlog.server import binlog_end, binlog_errors
+from poller.sources.mysql_binlog.truncates import TruncateLog
 from shared.config import PollerConfig
-from shared.errors import ConfigError, FetchError, SourceError
+from shared.errors import ConfigError, SourceError
 from shared.ids import source_fingerprint
 from shared.logs import get_logger
 from shared.models import Checkpoint, CursorValue, Position, SnapshotState
@@ -65,8 +68,6 @@ log = get_logger("poller.mysql_binlog")
 #: empty page still moves the checkpoint (so a poller of a quiet table is not left on a binlog
 #: file the server may purge, and a resume does not re-read the other tables' traffic).
 ADVANCE_BYTES = 1 << 20
-
-_MYSQL_ERRORS_PURGED = (1236,)  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the file or GTID is gone
 
 
 def qualified_tables(config: PollerConfig, database: str | None) -> frozenset[str]:
@@ -123,11 +124,12 @@ class MysqlBinlogSource:
         )
         self._lock = threading.Lock()
         self._reader: Any = None  # the open BinlogReader (poller.sources.mysql_binlog.reader), if any
-        self._row = _RowMaker()
+        self._row = RowMaker()
         self._stream_at: BinlogPosition | None = None  # the open stream's next read continues after this
         self._idle: tuple[BinlogPosition, tuple[str, int]] | None = None  # read to the end at: (after, end)
         self._mariadb: bool | None = None
         self.streams_opened = 0  # replication streams opened (tests and benchmarks read it)
+        self._truncates = TruncateLog(config.name)  # TRUNCATEs read: warned, counted, kept for status
         # The snapshot's signal rows come through the binlog: the stream reads the signal table too.
         self._signal: str | None = None
         chunks: ChunkSource
@@ -174,7 +176,7 @@ class MysqlBinlogSource:
         """Where the checkpoint stands in the binlog, and how much binlog is after it (``status``)."""
         with self._db_errors("status"), self._engine.connect() as conn:
             logs = [(str(r[0]), int(r[1])) for r in conn.execute(sa.text("SHOW BINARY LOGS"))]
-            end = _binlog_end(conn, self._config.name)
+            end = binlog_end(conn, self._config.name)
             conn.rollback()
         at = BinlogPosition.from_position(after) if after is not None else None
         behind = None
@@ -224,6 +226,7 @@ class MysqlBinlogSource:
         if reader is not None:  # a stream read in this fetch (an idle one closed it): where it ended
             end = page.end or after
             self._idle = (BinlogPosition.from_position(end), reader.end) if reader.drained else None
+        self._truncates.attach(page)  # the checkpoints from this page on record the TRUNCATEs read
         return page
 
     # ------------------------------------------------------------------------------ the coordinator's log reader
@@ -246,14 +249,14 @@ class MysqlBinlogSource:
         reader = self._reader
         if reader is not None and self._stream_at == after:
             if reader.drained:
-                now = _binlog_end(conn, self._config.name)
+                now = binlog_end(conn, self._config.name)
                 if now == reader.end:
                     return LogRead([], True)
                 reader.extend(now)
         else:
             self._close_reader()
             idle = self._idle
-            if idle is not None and idle[0] == after and _binlog_end(conn, self._config.name) == idle[1]:
+            if idle is not None and idle[0] == after and binlog_end(conn, self._config.name) == idle[1]:
                 return LogRead([], True)
             reader = self._open(after)
         try:
@@ -261,6 +264,8 @@ class MysqlBinlogSource:
         except BaseException:
             self._close_reader()
             raise
+        if reader.truncated:
+            self._truncates.note(reader.truncated)
         if read:
             self._stream_at = read[-1].position
         # Other pollers' signal rows pass too: signal() finds them not ours (one list pass saved per page).
@@ -270,7 +275,7 @@ class MysqlBinlogSource:
         """Nothing buffered past the stream: a drained stream checks the binlog's end on its next read."""
 
     def signal(self, change: Any) -> Signal | None:
-        return signal_of(_text_values(change.after), self._config.name)
+        return signal_of(text_values(change.after), self._config.name)
 
     def committed_at(self, change: Any) -> dt.datetime:
         committed: dt.datetime = change.committed_at
@@ -333,7 +338,7 @@ class MysqlBinlogSource:
     def _current(self) -> BinlogPosition:
         """The binlog's end now, with MariaDB's GTID state at that very position."""
         with self._engine.connect() as conn:
-            file, pos = _binlog_end(conn, self._config.name)
+            file, pos = binlog_end(conn, self._config.name)
             state = None
             if self._is_mariadb(conn):
                 state = conn.execute(sa.text("SELECT BINLOG_GTID_POS(:f, :p)"), {"f": file, "p": pos}).scalar()
@@ -354,7 +359,7 @@ class MysqlBinlogSource:
         binlog file the server no longer has is an error, never a skip."""
         with self._engine.connect() as conn:
             files = [str(r[0]) for r in conn.execute(sa.text("SHOW BINARY LOGS"))]
-            end = _binlog_end(conn, self._config.name)
+            end = binlog_end(conn, self._config.name)
             conn.rollback()
         if not files:
             raise SourceError(
@@ -372,44 +377,7 @@ class MysqlBinlogSource:
         return end
 
     def _db_errors(self, op: str) -> AbstractContextManager[None]:
-        return _binlog_errors(f"poller {self._config.name}: {op} from the binlog at {self._url}", self._config)
-
-
-def _binlog_end(conn: sa.Connection, poller: str) -> tuple[str, int]:
-    try:
-        row = conn.execute(sa.text("SHOW MASTER STATUS")).first()
-    except sa.exc.ProgrammingError:  # MySQL 8.4 renamed it
-        row = conn.execute(sa.text("SHOW BINARY LOG STATUS")).first()
-    if row is None:
-        raise SourceError(
-            f"poller {poller}: the server writes no binary log",
-            hint="turn log_bin on (MariaDB: log_bin in the server's config; Azure Flexible Server: always on)",
-        )
-    return str(row[0]), int(row[1])
-
-
-@contextmanager
-def _binlog_errors(context: str, config: PollerConfig) -> Iterator[None]:
-    """SQLAlchemy's errors as :func:`poller.sources.engines.db_errors` maps them; the replication
-    connection's (pymysql's own) as FetchError, or SourceError when the binlog is gone."""
-    import pymysql
-
-    with db_errors(context, config.source_url):
-        try:
-            yield
-        except pymysql.err.OperationalError as exc:
-            code = exc.args[0] if exc.args else None
-            message = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
-            if code in _MYSQL_ERRORS_PURGED:
-                raise SourceError(
-                    f"{context}: the server cannot send the binlog from the checkpoint: {message}",
-                    hint="the binlog at the checkpoint was purged (raise binlog_expire_logs_seconds), or the "
-                    "GTID state is unknown to this server; `dbfanout checkpoint reset` the poller and reload "
-                    "the tables' rows with `dbfanout snapshot`; see docs/operations.md",
-                ) from exc
-            raise FetchError(f"{context} failed: {message}") from exc
-        except pymysql.err.MySQLError as exc:
-            raise FetchError(f"{context} failed: {exc}") from exc
+        return binlog_errors(f"poller {self._config.name}: {op} from the binlog at {self._url}", self._config)
 
 
 def _with_state(position: Position, state: SnapshotState | None) -> Position:
@@ -427,54 +395,3 @@ class _NoSnapshots:
         raise self._error
 
     pk = estimate = columns = check_where = check_published = read = read_ahead = _refuse
-
-
-def _text_values(image: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A signal row's values as text (the binlog may carry a TEXT column as bytes)."""
-    if image is None:
-        return None
-    return {k: v.decode() if isinstance(v, bytes) else v for k, v in image.items()}
-
-
-class _RowMaker:
-    """:class:`~poller.sources.mysql_binlog.reader.BinlogChange` → the row a page carries: the hot path of
-    a catch-up. What depends only on the transaction (the event cursor's head, the checkpoint's
-    cursor and tiebreaker) is worked out once per transaction, not per change (a regex and a dict
-    each), and the library's row dicts are passed on, not copied (nobody mutates a row's values)."""
-
-    __slots__ = ("_head", "_key", "_keys", "_number", "_tail", "_txn")
-
-    def __init__(self) -> None:
-        self._txn: BinlogPosition | None = None  # the transaction the forms below are of
-        self._number, self._head = 0, ()
-        self._tail: dict[str, Any] = {}  # the checkpoint's tiebreaker but its seq
-        self._keys: tuple[str, ...] = ()
-        self._key: str | None = None  # a one-column key's name: read without a loop
-
-    def __call__(self, change: Any, state: SnapshotState | None = None) -> SourceRow:
-        txn, seq, kind, table, pk_names, before, after, committed_at = change  # a tuple: unpacked at C speed
-        if txn is not self._txn:
-            checkpoint = txn.to_position()
-            tail = dict(checkpoint.pk)
-            del tail["seq"]  # per change, first (the order the checkpoint is written in)
-            self._txn, self._number, self._head, self._tail = txn, checkpoint.cursor, txn.event_cursor()[:-1], tail
-        if pk_names is not self._keys:  # one tuple per row event
-            self._keys, self._key = pk_names, pk_names[0] if len(pk_names) == 1 else None
-        deleted = kind == "delete"
-        image = before if deleted else after
-        key = self._key
-        try:
-            pk = {key: image[key]} if key is not None else {p: image[p] for p in pk_names}
-        except KeyError:
-            raise _lacks_key(change, image) from None
-        fields = EventFields(pk, (*self._head, seq), kind, before, table, None, committed_at)
-        # A snapshot's state rides on every position (into the checkpoint) while one runs.
-        return SourceRow(Position(self._number, {"seq": seq, **self._tail}, state), after or {}, deleted, fields)
-
-
-def _lacks_key(c: Any, image: dict[str, Any]) -> SourceError:
-    missing = [p for p in c.pk if p not in image]
-    return SourceError(
-        f"{c.kind} on {c.table} at {c.position} lacks key column(s) {missing}",
-        hint="set pk to columns of the table (or drop pk: each table's primary key is used)",
-    )

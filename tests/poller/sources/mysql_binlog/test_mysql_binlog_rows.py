@@ -15,7 +15,7 @@ import pytest
 
 from poller.sources.mysql_binlog.position import BinlogPosition
 from poller.sources.mysql_binlog.reader import BinlogChange
-from poller.sources.mysql_binlog.source import _RowMaker
+from poller.sources.mysql_binlog.rows import RowMaker
 from shared.errors import SourceError
 from shared.models import SnapshotState
 
@@ -46,7 +46,7 @@ def test_each_row_carries_its_own_position_cursor_images_and_state() -> None:
     # Given changes of four transactions (GTIDs of MariaDB and MySQL, and none), three each
     changes = _changes()
     # When one row maker turns them into rows, a snapshot's state on every other one
-    make = _RowMaker()
+    make = RowMaker()
     states = [STATE if i % 2 else None for i in range(len(changes))]
     rows = [make(c, state) for c, state in zip(changes, states, strict=True)]
     # Then each row has what its own position gives, not its transaction's or a neighbour's
@@ -71,7 +71,7 @@ def test_each_row_carries_its_own_position_cursor_images_and_state() -> None:
 
 def test_a_composite_key_is_read_column_by_column() -> None:
     # Given a change of a table keyed on two columns, after one with a single-column key
-    make = _RowMaker()
+    make = RowMaker()
     make(BinlogChange(TXNS[0], 0, "insert", "shop.orders", ("id",), None, {"id": 1, "v": "a"}, AT))
     lines = BinlogChange(TXNS[0], 1, "update", "shop.lines", ("order_id", "line"), {"order_id": 1, "line": 2},
                          {"order_id": 1, "line": 3}, AT)  # fmt: skip
@@ -85,4 +85,4 @@ def test_a_change_without_its_key_column_names_it() -> None:
     change = BinlogChange(TXNS[0], 5, "update", "shop.orders", ("sku",), {"id": 1}, {"id": 1}, AT)
     # When it becomes a row, then the error names the change and the missing column
     with pytest.raises(SourceError, match=r"update on shop\.orders at .* row 5 lacks key column\(s\) \['sku'\]"):
-        _RowMaker()(change)
+        RowMaker()(change)
