@@ -44,6 +44,7 @@ from pymysqlreplication.row_event import (
 )
 
 from poller.sources.mysql_binlog.position import BinlogPosition, GtidState, file_number
+from poller.sources.mysql_binlog.values import fix_rows
 from shared.errors import FetchError, SourceError
 
 __all__ = ["BinlogChange", "BinlogReader", "ChangeKind"]
@@ -314,7 +315,7 @@ class BinlogReader:
             )
         if txn.skip_through == _ALL:
             return  # a transaction read whole before (re-sent by the library): its rows are not decoded
-        rows = event.rows
+        rows = fix_rows(event.columns, event.rows)  # values as keyset reads them (docs/types.md)
         first = txn.seq + 1  # the index of the event's first row in its transaction
         txn.seq += len(rows)
         if txn.skip_through >= first:

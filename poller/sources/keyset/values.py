@@ -1,0 +1,46 @@
+"""The processors a keyset page's columns take, so a value arrives as every source kind gives it.
+
+SQLAlchemy's result processors for reflected MariaDB/MySQL types change what the driver read:
+``DOUBLE`` becomes a Decimal rounded to 10 digits (1e308 a 309-digit one), ``TIME`` a
+``datetime.time`` taken modulo 24 hours (``-838:59:59`` arrives as 01:00:01), ``BIT(n)`` an
+integer. The binlog gives a float, a signed ``timedelta`` and a bit string; docs/types.md
+chooses those (a bit string as PostgreSQL's ``bit(n)`` is one), and this module gives them
+here. Every other type keeps SQLAlchemy's processor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+__all__ = ["bits", "result_processor"]
+
+Processor = Callable[[Any], Any] | None
+
+
+def result_processor(type_: sa.types.TypeEngine[Any], dialect: sa.Dialect, code: Any) -> Processor:
+    """The processor for a reflected column's values (``code``: the driver's type code)."""
+    default = type_.dialect_impl(dialect).result_processor(dialect, code)
+    if dialect.name not in ("mysql", "mariadb"):
+        return default
+    if isinstance(type_, mysql.BIT):
+        return _bit_string(type_.length or 1)
+    if isinstance(type_, sa.Float | sa.Time):
+        return None  # the driver's float, and its signed timedelta (TIME spans -838:59:59 to 838:59:59)
+    return default
+
+
+def bits(value: bytes | int, width: int) -> str:
+    """A BIT(width) value as its string of ``width`` 0s and 1s, most significant first."""
+    number = int.from_bytes(value, "big") if isinstance(value, bytes | bytearray) else value
+    return format(number, f"0{width}b")
+
+
+def _bit_string(width: int) -> Callable[[Any], Any]:
+    def process(value: Any) -> Any:
+        return None if value is None else bits(value, width)
+
+    return process
