@@ -5,7 +5,8 @@ Values JSON carries exactly have no tag. Others travel as a string (or a list) w
 ``int`` past 2**53, ``float`` for NaN and infinities, ``decimal``, ``uuid``, ``bytes`` (base64),
 ``date``, ``time``, ``datetime`` (naive), ``timestamp`` (with offset), ``interval`` (seconds),
 ``pg_lsn``, ``ip_address``/``ip_interface``/``ip_network``, ``range:<bound tag>``,
-``array:<element tag>``, ``set`` / ``set:<element tag>``. Any other value never stops a
+``array:<element tag>``, ``set`` / ``set:<element tag>``, ``json`` (a JSON document whose
+numbers JSON readers would round, as its text). Any other value never stops a
 poller: it travels as its ``str`` under ``py:<its type's name>`` and arrives as that string.
 Cursors and keys kept in the state blob must round-trip, so they refuse such values
 (:func:`exact_value`).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
+import json
 import math
 import uuid
 from collections.abc import Callable
@@ -109,7 +111,7 @@ def _encode_other(value: Any) -> tuple[Any, str | None]:
     if isinstance(value, list | tuple):
         return _encode_items(value, "array")
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}, None
+        return _encode_document(value)
     if isinstance(value, set | frozenset):
         items, tag = _encode_items(value, "set")
         return sorted(items, key=_order), tag or "set"
@@ -119,6 +121,33 @@ def _encode_other(value: Any) -> tuple[Any, str | None]:
     if is_range(value) and (found := range_text(value, encode_value)) is not None:
         return found
     return _text(value), TEXT_TAG + type(value).__name__
+
+
+def _encode_document(value: dict[Any, Any]) -> tuple[Any, str | None]:
+    """A JSON document (json/jsonb): as itself while JSON carries every value in it exactly,
+    else its JSON text, tagged ``json`` (an integer past 2**53 inside, a NaN): the worker
+    parses it back with Python's json, which keeps every integer."""
+    plain = {str(k): _plain(v) for k, v in value.items()}
+    if _exact_json(value):
+        return plain, None
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False), "json"
+    except (TypeError, ValueError):  # not a JSON document (Python objects inside): readable, untagged
+        return plain, None
+
+
+def _exact_json(value: Any) -> bool:
+    if value is None or isinstance(value, str | bool):
+        return True
+    if isinstance(value, int):
+        return -_SAFE_INT <= value <= _SAFE_INT
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(map(_exact_json, value))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) for k in value) and all(map(_exact_json, value.values()))
+    return False
 
 
 def _text(value: Any) -> str:
@@ -151,6 +180,9 @@ def _encode_items(values: Any, kind: str) -> tuple[list[Any], str | None]:
             return encoded, f"{kind}:{tag}"
         if tag == "float" and all(type(v) is float for v in plain):
             return encoded, f"{kind}:{tag}"
+        if tag == "json" and all(type(v) is dict for v in plain):  # a jsonb array: every document as text
+            texts = [v if t is not None or v is None else json.dumps(v, separators=(",", ":")) for v, t in pairs]
+            return texts, f"{kind}:{tag}"
     return [_plain(v) for v in values], None
 
 
@@ -190,6 +222,7 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
     "ip_interface": ipaddress.ip_interface,
     "ip_network": ipaddress.ip_network,
     "set": set,
+    "json": json.loads,
 }
 
 

@@ -65,6 +65,8 @@ def _same(a: Any, b: Any) -> bool:
         (Range(None, Decimal("2.50"), "(]"), "range:decimal"),
         (Range(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), None, "[)"), "range:timestamp"),
         (Range(empty=True), "range"),
+        ({"n": 2**64, "f": [1.5, None]}, "json"),
+        ([{"n": -(2**70)}, {"n": 1}], "array:json"),
         (dt.timedelta(days=-999_999_999), "interval"),
         (dt.timedelta(days=999_999_999, microseconds=999_999), "interval"),
         (dt.timedelta(hours=-838, minutes=-59, seconds=-59), "interval"),
@@ -77,6 +79,14 @@ def test_a_value_json_cannot_carry_travels_tagged_and_comes_back_exactly(value: 
     assert codec.encode_value(value)[1] == tag
     back = _through_envelope(value)
     assert _same(value, back) if not isinstance(value, set) else back == value and type(back) is set
+
+
+def test_a_json_document_json_carries_exactly_travels_as_itself() -> None:
+    # Given a jsonb value whose numbers every JSON reader keeps; Then it is sent as is, untagged
+    assert codec.encode_value({"a": [1, 2.5, None, "x"], "b": {"c": True}}) == (
+        {"a": [1, 2.5, None, "x"], "b": {"c": True}},
+        None,
+    )
 
 
 def test_a_driver_range_travels_as_a_range() -> None:

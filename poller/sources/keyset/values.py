@@ -5,7 +5,8 @@ SQLAlchemy's result processors for reflected MariaDB/MySQL types change what the
 ``datetime.time`` taken modulo 24 hours (``-838:59:59`` arrives as 01:00:01), ``BIT(n)`` an
 integer. The binlog gives a float, a signed ``timedelta`` and a bit string; docs/types.md
 chooses those (a bit string as PostgreSQL's ``bit(n)`` is one), and this module gives them
-here. Every other type keeps SQLAlchemy's processor.
+here. An array of a PostgreSQL domain is read as an array of the domain's base type. Every
+other type keeps SQLAlchemy's processor.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects import mysql, postgresql
 
 __all__ = ["bits", "result_processor"]
 
@@ -24,6 +25,8 @@ Processor = Callable[[Any], Any] | None
 def result_processor(type_: sa.types.TypeEngine[Any], dialect: sa.Dialect, code: Any) -> Processor:
     """The processor for a reflected column's values (``code``: the driver's type code)."""
     default = type_.dialect_impl(dialect).result_processor(dialect, code)
+    if dialect.name == "postgresql" and isinstance(type_, sa.ARRAY):
+        return _pg_array(type_, dialect, default)
     if dialect.name not in ("mysql", "mariadb"):
         return default
     if isinstance(type_, mysql.BIT):
@@ -37,6 +40,31 @@ def bits(value: bytes | int, width: int) -> str:
     """A BIT(width) value as its string of ``width`` 0s and 1s, most significant first."""
     number = int.from_bytes(value, "big") if isinstance(value, bytes | bytearray) else value
     return format(number, f"0{width}b")
+
+
+def _pg_array(type_: sa.ARRAY[Any], dialect: sa.Dialect, default: Processor) -> Processor:
+    """An array of a domain: psycopg reads its text (the server describes the domain's array
+    type, which psycopg does not know) and SQLAlchemy's processor would split that text into
+    characters; read as an array of the domain's base type, as pg_logical does."""
+    from psycopg import postgres  # psycopg is installed wherever a postgresql URL is used
+    from psycopg.adapt import Transformer
+    from psycopg.pq import Format
+
+    item = type_.item_type
+    while isinstance(item, postgresql.DOMAIN):
+        item = item.data_type
+    name = str(item.compile(dialect=dialect)).lower().partition("(")[0].strip()
+    info = postgres.types.get(name)
+    if info is None or not info.array_oid:
+        return default
+    load = Transformer().get_loader(info.array_oid, Format.TEXT).load
+
+    def process(value: Any) -> Any:
+        if isinstance(value, str):
+            return load(value.encode())
+        return value if default is None else default(value)
+
+    return process
 
 
 def _bit_string(width: int) -> Callable[[Any], Any]:
