@@ -66,6 +66,7 @@ import orjson
 import sqlalchemy as sa
 
 from poller.snapshot.chunks import KIND_WATERMARK, Chunk, request_params
+from poller.snapshot.values import mysql_rows
 from poller.snapshot.where import WhereRefused, where_sql
 from poller.sources.keyset.source import fetch_tuples
 from shared.codec import dumps, encode_value
@@ -331,7 +332,8 @@ class MysqlChunkReader:
             conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             result = conn.execute(select, params)
             names = tuple(result.keys())
-            fetched = fetch_tuples(result)
+            cursor = result.cursor  # (fetch_tuples closes the result)
+            fetched = mysql_rows(cursor, fetch_tuples(result))  # BIT and SET as the stream gives them
             more = len(fetched) > size
             rows = fetched[:size]
             tuples = [(*row, version, False) for row, version in zip(rows, row_versions(names, rows), strict=True)]
