@@ -64,6 +64,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from poller.snapshot.values import postgres_rows
 from poller.snapshot.where import WhereRefused, where_sql
 from poller.sources.keyset.source import fetch_tuples
 from shared.codec import dumps, loads
@@ -475,7 +476,8 @@ class ChunkReader:
         try:
             result = conn.execute(statement, params)
             names = tuple(result.keys())[:-2]  # the row's columns, then the xmin and the racy flag
-            fetched = fetch_tuples(result)
+            description = result.cursor.description  # (fetch_tuples closes the result)
+            fetched = postgres_rows(conn, description, fetch_tuples(result))  # a domain as its base type
             if fetched and fetched[0][-1]:  # a change the select cannot see is already committed
                 conn.rollback()
                 return None
