@@ -123,11 +123,11 @@ def _encode_other(value: Any) -> tuple[Any, str | None]:
     return _text(value), TEXT_TAG + type(value).__name__
 
 
-def _encode_document(value: dict[Any, Any]) -> tuple[Any, str | None]:
+def _encode_document(value: dict[Any, Any] | list[Any]) -> tuple[Any, str | None]:
     """A JSON document (json/jsonb): as itself while JSON carries every value in it exactly,
     else its JSON text, tagged ``json`` (an integer past 2**53 inside, a NaN): the worker
     parses it back with Python's json, which keeps every integer."""
-    plain = {str(k): _plain(v) for k, v in value.items()}
+    plain = {str(k): _plain(v) for k, v in value.items()} if isinstance(value, dict) else [_plain(v) for v in value]
     if _exact_json(value):
         return plain, None
     try:
@@ -183,6 +183,8 @@ def _encode_items(values: Any, kind: str) -> tuple[list[Any], str | None]:
         if tag == "json" and all(type(v) is dict for v in plain):  # a jsonb array: every document as text
             texts = [v if t is not None or v is None else json.dumps(v, separators=(",", ":")) for v, t in pairs]
             return texts, f"{kind}:{tag}"
+    if kind == "array" and isinstance(values, list):  # a JSON array (json/jsonb): as a document
+        return _encode_document(values)
     return [_plain(v) for v in values], None
 
 
