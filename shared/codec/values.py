@@ -118,6 +118,8 @@ def _encode_other(value: Any) -> tuple[Any, str | None]:
     ip_tag = _IP_TAGS.get(type(value))
     if ip_tag is not None:
         return str(value), ip_tag
+    if type(value).__name__ == "Multirange":  # psycopg's (a sequence of ranges): an array of them
+        return _encode_items(list(value), "array")
     if is_range(value) and (found := range_text(value, encode_value)) is not None:
         return found
     return _text(value), TEXT_TAG + type(value).__name__

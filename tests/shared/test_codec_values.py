@@ -96,6 +96,10 @@ def test_a_driver_range_travels_as_a_range() -> None:
     back = _through_envelope(psycopg_range(1, 10, "[)"))
     assert (back.lower, back.upper, back.bounds, back.isempty) == (1, 10, "[)", False)
     assert _through_envelope(psycopg_range(empty=True)).isempty
+    # and a multirange (PostgreSQL 14+) as a list of them
+    multirange = pytest.importorskip("psycopg.types.multirange").Multirange
+    back = _through_envelope(multirange([psycopg_range(1, 2, "[)"), psycopg_range(5, None, "[)")]))
+    assert [(r.lower, r.upper, r.bounds) for r in back] == [(1, 2, "[)"), (5, None, "[)")]
 
 
 def test_a_value_of_an_unknown_type_travels_as_its_text_and_never_raises() -> None:
