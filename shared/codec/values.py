@@ -234,8 +234,9 @@ def decode_value(value: Any, tag: str | None) -> Any:
     """Inverse of :func:`encode_value`."""
     if tag is None:
         return value
+    decoder = _DECODERS.get(tag)
     try:
-        result = _decode(value, tag)
+        result = decoder(value) if decoder is not None else _decode(value, tag)
     except (ValueError, TypeError, InvalidOperation, OverflowError) as exc:
         raise SerializationError(f"cannot decode {value!r} as {tag}") from exc
     if tag == "timestamp" and result.tzinfo is None:
@@ -244,9 +245,7 @@ def decode_value(value: Any, tag: str | None) -> Any:
 
 
 def _decode(value: Any, tag: str) -> Any:
-    decoder = _DECODERS.get(tag)
-    if decoder is not None:
-        return decoder(value)
+    """A value under a composite tag (``array:…``, ``set:…``, ``range:…``, ``py:…``)."""
     kind, _, inner = tag.partition(":")
     if kind == "array" and inner:
         return [None if v is None else decode_value(v, inner) for v in _list(value)]

@@ -31,13 +31,15 @@ _ROW_KEYS = (
 _SECOND = dt.timedelta(seconds=1)
 _F32 = struct.Struct("<f")
 
-# (column, fix(value, why it is None)): the fixed value
+# fix(value, why the library gave None): the value as keyset reads it
 Fix = Callable[[Any, str], Any]
 
 
 def fix_rows(columns: Sequence[Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` (an event's, as the library decoded them) with their values as keyset reads them."""
-    fixes = [(c.name, fix) for c in columns if (fix := _fix_for(c)) is not None]
+    fixes = [
+        (c.name, fix, fix in _OF_NULL or c.type in _ZERO_DATES) for c in columns if (fix := _fix_for(c)) is not None
+    ]
     if not fixes:
         return rows
     for row in rows:
@@ -46,8 +48,10 @@ def fix_rows(columns: Sequence[Any], rows: list[dict[str, Any]]) -> list[dict[st
             if values is None:
                 continue
             why = row.get(why_key) or {}
-            for name, fix in fixes:
-                values[name] = fix(values.get(name), why.get(name, ""))
+            for name, fix, of_null in fixes:
+                value = values.get(name)
+                if (value is None) is of_null:  # a zero date or empty set is a None; the rest fix values
+                    values[name] = fix(value, why.get(name, ""))
     return rows
 
 
@@ -102,3 +106,6 @@ def _negative_fraction(value: Any, why: str) -> Any:
         return value
     whole = dt.timedelta(seconds=(-value).days * 86_400 + (-value).seconds)
     return -(whole + _SECOND - dt.timedelta(microseconds=(-value).microseconds))
+
+
+_OF_NULL = frozenset({_set})  # (and the zero dates'): fixes of what the library gave as None
