@@ -182,13 +182,19 @@ def test_every_postgres_type_arrives_as_psycopg_reads_it_through_keyset_and_pg_l
     _agree(inserted, {e.pk["id"]: dict(e.before or {}) for e in updates})
 
 
-def test_a_value_psycopg_cannot_load_arrives_as_its_text_and_never_stops_pg_logical(table: LogicalTable) -> None:
+def test_a_value_psycopg_cannot_load_arrives_as_its_text_and_never_stops_a_poller(table: LogicalTable) -> None:
     # Given timestamps and a date psycopg refuses to load (DataError: after year 10K, BC)
     table.sql(
         "INSERT INTO {t} (id, c, ts, tz, d) VALUES (1, 1, 'infinity', '-infinity', '0044-03-15 BC')",
         "INSERT INTO {t} (id, c, i8) VALUES (2, 2, 7)",
     )
-    # When pg_logical reads them
+    # When keyset reads them (through dbfanout's engine for the URL); Then they arrive as their text
+    config = keyset_config(table.url, table=table.name, cursor="c", pk=("id",))
+    source = SqlSource(config)
+    page = _handled(list(page_batch(config, source.fingerprint, source.fetch(None, 100)).events))
+    assert [(e.after or {}).get("ts") for e in page] == ["infinity", None]
+    assert ((page[0].after or {})["tz"], (page[0].after or {})["d"]) == ("-infinity", "0044-03-15 BC")
+    # And when pg_logical reads them
     store, sink = MemoryStateStore("p"), RecordingSink()
     drain(table.config, PgLogicalSource(table.config), store, sink)
     # Then they arrive as the database's text, and the rows after them arrive too
