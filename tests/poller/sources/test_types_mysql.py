@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -37,8 +38,9 @@ COLUMNS = """
     zf INT(6) ZEROFILL, dc DECIMAL(65, 30), dbl DOUBLE, flt FLOAT, b8 BIT(8), b5 BIT(5), b64 BIT(64),
     tm TIME, tm2 TIME(2), tm6 TIME(6), d DATE, dtm DATETIME, dtm6 DATETIME(6), ts TIMESTAMP(6) NULL, yr YEAR,
     ch CHAR(3), vc VARCHAR(20), tx TEXT, bl BLOB, vb VARBINARY(8), en ENUM('a', 'b'), st SET('x', 'y', 'z'),
-    js JSON
+    js JSON, geo GEOMETRY
 """
+POINT = bytes(4) + bytes.fromhex("0101000000") + struct.pack("<dd", 1.0, 2.0)  # SRID 0, then WKB
 ROWS: list[dict[str, Any]] = [
     {  # the values issue 42 saw arrive wrong, and each type's extremes
         "id": 1,
@@ -70,6 +72,7 @@ ROWS: list[dict[str, Any]] = [
         "en": "b",
         "st": "x,z",
         "js": '{"a": [1, 2.5, null]}',
+        "geo": POINT,
     },
     {
         "id": 2,
@@ -102,6 +105,7 @@ ROWS: list[dict[str, Any]] = [
         "en": "a",
         "st": "",
         "js": "[]",
+        "geo": bytes(4) + bytes.fromhex("0101000000") + struct.pack("<dd", -0.5, 1e300),
     },
 ]
 NAMES = ["id", "c", *(n for n in ROWS[0] if n != "id")]
