@@ -65,6 +65,7 @@ import sqlalchemy as sa
 
 from poller.snapshot.chunks import BaseChunkReader, Chunk
 from poller.snapshot.requests import KIND_WATERMARK, Request, request_params
+from poller.snapshot.values import mysql_rows
 from poller.sql import fetch_tuples
 from shared.codec import dumps, encode_value
 from shared.config import PollerConfig
@@ -268,7 +269,8 @@ class MysqlChunkReader(BaseChunkReader):
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the next transaction's
         conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
         result = conn.execute(select, params)
-        return tuple(result.keys()), fetch_tuples(result)
+        names, cursor = tuple(result.keys()), result.cursor  # (fetch_tuples closes the result)
+        return names, mysql_rows(cursor, fetch_tuples(result))  # BIT and SET as the stream gives them
 
     def _tuples(self, names: tuple[str, ...], rows: Sequence[Any]) -> Sequence[Any]:
         """The rows shaped as PostgreSQL's: the columns, the row's version (a hash), a flag (false)."""

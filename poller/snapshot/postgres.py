@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from poller.snapshot.chunks import BaseChunkReader
 from poller.snapshot.requests import KIND_WATERMARK, Request, request_params
+from poller.snapshot.values import postgres_rows
 from poller.sql import fetch_tuples
 from shared.config import PollerConfig
 from shared.errors import SourceError
@@ -150,7 +151,8 @@ class ChunkReader(BaseChunkReader):
         )
         result = conn.execute(statement, {**params, "poller": self._config.name, "id": chunk_id})
         names = tuple(result.keys())[:-2]  # the row's columns, then the xmin and the racy flag
-        fetched = fetch_tuples(result)
+        description = result.cursor.description  # (fetch_tuples closes the result)
+        fetched = postgres_rows(conn, description, fetch_tuples(result))  # a domain as its base type
         if fetched and fetched[0][-1]:  # a change the select cannot see is already committed
             return None
         return names, fetched

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from poller.sources.lenient import lenient_values
 from shared.config import PollerConfig
 from shared.errors import ConfigError, DbFanoutError, FetchError, SourceError
 from shared.logs import get_logger
@@ -130,6 +131,7 @@ def make_engine(url: str, *, key: str = "source_url", reads: bool = False) -> sa
                 engine = sa.create_engine(url, **(read_engine_options(url) if reads else engine_options(url)))
             except ModuleNotFoundError as exc:
                 raise _missing_driver(key, sa.make_url(url).drivername, exc.name or "the driver") from exc
+            lenient_values(engine)  # a value psycopg refuses arrives as its text (docs/types.md)
             _ENGINES[(url, reads)] = engine
         return engine
 

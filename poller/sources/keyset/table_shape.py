@@ -26,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from poller.sources.keyset.values import result_processor  # values as every source kind gives them
 from shared.errors import SchemaChangeError
 
 __all__ = [
@@ -134,14 +135,14 @@ class ResultShape:
         """The shape when ``description`` has exactly the reflected columns (plus ``extra``), else None.
 
         Each column gets the result processor SQLAlchemy itself would apply to that type and
-        DBAPI type code (``unprocessed``: a column whose raw value is wanted, e.g. SQLite's text
-        timestamps, converted elsewhere).
+        DBAPI type code, or the one :mod:`poller.sources.keyset.values` chooses (``unprocessed``:
+        a column whose raw value is wanted, e.g. SQLite's text timestamps, converted elsewhere).
         """
         names = [d[0] for d in description]
         if names != [*types, *([extra] if extra else [])]:
             return None
         processors = tuple(
-            None if name in (extra, unprocessed) else types[name].dialect_impl(dialect).result_processor(dialect, code)
+            None if name in (extra, unprocessed) else result_processor(types[name], dialect, code)
             for name, code in ((d[0], d[1]) for d in description)
         )
         return cls(description_signature(description), processors)

@@ -56,6 +56,7 @@ from poller.sources.mysql_binlog import compressed, statements
 from poller.sources.mysql_binlog.change import BinlogChange, ChangeKind, Txn, gtid_of, primary_key
 from poller.sources.mysql_binlog.position import BinlogPosition, GtidState, file_number
 from poller.sources.mysql_binlog.rows import binary_widths, pad_binary
+from poller.sources.mysql_binlog.values import fix_rows
 from poller.sources.mysql_binlog.xa import XaHold, xa_statement
 from shared.errors import FetchError, SourceError
 
@@ -380,9 +381,9 @@ class BinlogReader:
             raise compressed.unknown_error(txn.position, txn.unknown or compressed.PARTIAL_UPDATE_ROWS)
         if txn.skip_through == _ALL:
             return  # a transaction read whole before (re-sent by the library): its rows are not decoded
-        rows = event.rows
+        rows = fix_rows(event.columns, event.rows)  # values as keyset reads them (docs/types.md)
         padded = binary_widths(event)
-        if padded:
+        if padded:  # BINARY(n) keys and values whole: the binlog strips their trailing 0x00
             pad_binary(rows, padded)
         first = txn.seq + 1  # the index of the event's first row in its transaction
         txn.seq += len(rows)

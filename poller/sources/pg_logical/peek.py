@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from poller.sources.pg_logical.pgoutput import Change, Decoder
 from poller.sources.pg_logical.spool import Spool
+from poller.sources.pg_logical.values import as_text, base_type
 from shared.config import PollerConfig
 from shared.logs import get_logger, ids
 from shared.models import Lsn
@@ -271,8 +272,11 @@ def loader(conn: sa.Connection) -> Any:
 
     def load(oid: int, data: bytes) -> Any:
         loader = loaders.get(oid)
-        if loader is None:
-            loader = loaders[oid] = tx.get_loader(oid, Format.TEXT)
-        return loader.load(data)
+        if loader is None:  # a domain as its base type (docs/types.md)
+            loader = loaders[oid] = tx.get_loader(base_type(conn, oid), Format.TEXT)
+        try:
+            return loader.load(data)
+        except Exception as exc:
+            return as_text(oid, data, exc)
 
     return load
