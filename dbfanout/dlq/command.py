@@ -125,12 +125,12 @@ def peek_command(
         if poison is not None:
             with reporting_errors(), _explaining(config, poison.queue, storage_queue=True) as explain:
                 views = poison.peek(selection, limit, explain=explain)
-            print_peek(views, poison.name, json_out, poison=True)
+            print_peek(views, poison.name, json_out, poison=True, filtered=not selection.empty)
             return
     entity = _entity(config, queue)
     with _client(config) as client, reporting_errors(), _explaining(config, entity.label) as explain:
         views = ops.peek(client, entity, selection, limit, explain)
-    print_peek(views, entity.dlq_label, json_out)
+    print_peek(views, entity.dlq_label, json_out, filtered=not selection.empty)
 
 
 @contextmanager

@@ -12,9 +12,15 @@ from dbfanout.ops.bus import MessageView
 __all__ = ["print_peek", "print_poison_report", "print_report"]
 
 
-def print_peek(views: list[MessageView], title: str, json_out: bool, *, poison: bool = False) -> None:
+def print_peek(
+    views: list[MessageView], title: str, json_out: bool, *, poison: bool = False, filtered: bool = False
+) -> None:
+    """The peeked messages as a table; one line when there are none (``filtered``: none matched)."""
     if json_out:
         print_json([v.to_json() for v in views])
+        return
+    if not views:
+        console.print(f"{title}: no message matches the filters" if filtered else f"{title} is empty")
         return
     table = Table(title=f"{title} ({len(views)} shown)")
     columns = ("seq", "message id", "enqueued", "deliveries", "reason", "description", "poller", "events", "pks")
