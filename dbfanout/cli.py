@@ -25,14 +25,15 @@ app = typer.Typer(
 app.add_typer(build_emulator_app(emulator_entities), name="emulator", help="Start a local emulator (Service Bus).")
 
 
-COMMAND_MODULES = ("run", "demo", "validate", "status", "checkpoint", "dlq", "snapshot", "notify")
+#: Modules exposing ``register(app)``, mounted in this order (a bare name is in dbfanout.commands).
+COMMAND_MODULES = ("run", "demo", "validate", "status", "checkpoint", "dbfanout.dlq.command", "snapshot", "notify")
 
 
 def _register_commands() -> None:
     import importlib
 
     for name in COMMAND_MODULES:
-        module_name = f"dbfanout.commands.{name}"
+        module_name = name if "." in name else f"dbfanout.commands.{name}"
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

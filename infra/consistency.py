@@ -22,7 +22,10 @@ What the templates must agree on with the rest of the project:
   queue, topic or subscription (never the namespace or the resource group);
 * outputs: no output reads a @secure() parameter.
 
-Used by ``infra/validate.py --config`` (the gate) and by tests/infra. Each problem names the
+Used by ``infra/validate.py --config`` (the gate) and by tests/infra; ``python infra/consistency.py``
+runs these checks alone, with any Python 3.11+ (no checkov or tree-sitter needed). ``unused``: every
+queue, topic, subscription, alert entry and setting in the parameters is one a config names
+(``infra/params.py`` generates them from the config; an entry no poller uses would still deploy). Each problem names the
 check, the file and what to change. Problems are errors unless ``severity`` is ``"warning"``
 (reported, but the gate still passes).
 """
@@ -714,9 +717,98 @@ def check_alerts(infra: Path, config_path: Path) -> list[Problem]:
     return _check_alerts(str(config_path), cfg.get("pollers", {}), _parameter_values(infra), main_text)
 
 
+def _named_by(configs: Iterable[Path]) -> dict[str, set[str]] | None:
+    """What the configs name, per parameter: queues, topics, pollers,
+    settings referenced as ``${NAME}``, storage queues. None when a config cannot be read."""
+    named: dict[str, set[str]] = {k: set() for k in ("queues", "topics", "pollers", "settings", "storage")}
+    for path in configs:
+        try:
+            cfg = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            return None  # check_config names it
+        for name, poller in cfg.get("pollers", {}).items():
+            named["pollers"].add(name)
+            if "topic" in poller:
+                named["topics"].add(str(poller["topic"]))
+            elif poller.get("transport") == "storage-queue":
+                named["storage"].add(str(poller.get("queue")))
+            else:
+                named["queues"].add(str(poller.get("queue")))
+            named["settings"] |= {r for v in poller.values() if isinstance(v, str) for r in _REF.findall(v)}
+    return named
+
+
+def check_unused(infra: Path, configs: Iterable[Path]) -> list[Problem]:
+    """Every queue, topic, alert entry, database URL setting and storage queue in the
+    parameters is one a config names: an entry no poller uses still deploys (a sample left in, a
+    poller renamed). ``python infra/params.py`` writes the file from the config."""
+    named = _named_by(configs)
+    if named is None:
+        return []
+    values = _parameter_values(infra)
+    where = _rel(infra / "main.parameters.json", infra)
+    found = [("queue", q["name"], "queues") for q in _entries(values, "queues")]
+    for topic in _entries(values, "topics"):
+        found.append(("topic", topic["name"], "topics"))  # its extra subscriptions: check_config's warning
+    found += [("pollers entry", p["name"], "pollers") for p in _entries(values, "pollers")]
+    found += [("databaseUrlSettings entry", d["name"], "settings") for d in _entries(values, "databaseUrlSettings")]
+    found += [("storage queue", str(q), "storage") for q in values.get("storageQueueNames") or []]
+    return [
+        Problem(
+            "unused",
+            where,
+            f"{what} {name!r} is not named by {', '.join(str(c) for c in configs)}, and deploys anyway: "
+            "regenerate the file from the config with `python infra/params.py` (or remove the entry)",
+        )
+        for what, name, kind in found
+        if name not in named[kind]
+    ]
+
+
+def _entries(values: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    return [e for e in values.get(key) or [] if isinstance(e, dict) and isinstance(e.get("name"), str)]
+
+
 def check_all(infra: Path, configs: Iterable[Path] = ()) -> list[Problem]:
+    configs = list(configs)
     problems = check_app_settings(infra) + check_parameters(infra) + check_roles(infra) + check_outputs(infra)
     problems += check_python_version(infra) + check_topics_parameter(infra)
     for config in configs:
         problems += check_config(infra, config) + check_alerts(infra, config)
+    if configs:
+        problems += check_unused(infra, configs)
     return problems
+
+
+def default_configs(repo: Path) -> list[Path]:
+    """The app's dbfanout.toml; the repository's sample when there is none yet."""
+    for name in ("dbfanout.toml", "dbfanout.toml.sample"):
+        if (repo / name).is_file():
+            return [repo / name]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python infra/consistency.py [DIR] [--config F ...]``: these checks alone, with any Python 3.11+
+    (no checkov, no tree-sitter). Exit 0 clean (warnings allowed), 1 problems found."""
+    import argparse
+
+    here = Path(__file__).resolve().parent
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("infra", nargs="?", type=Path, default=here, help="infra directory (default: this script's)")
+    ap.add_argument("--config", action="append", type=Path, default=None, help="dbfanout.toml (repeatable)")
+    args = ap.parse_args(argv)
+    configs = args.config if args.config is not None else default_configs(here.parent)
+    problems = check_all(args.infra.resolve(), configs)
+    for problem in problems:
+        print(problem)
+    errors = [p for p in problems if p.severity != "warning"]
+    print(f"{args.infra}: {'FAILED, ' + str(len(errors)) + ' problem(s)' if errors else 'OK'} (consistency, "
+          f"config: {', '.join(map(str, configs)) or 'none'})")  # fmt: skip
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

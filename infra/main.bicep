@@ -100,6 +100,10 @@ param deployKeyVault bool = true
 @description('Purge protection on the Key Vault (recommended; keeps the vault name taken for 90 days after deletion).')
 param keyVaultEnablePurgeProtection bool = true
 
+@description('Appended to the Key Vault name (kv-<token><suffix>): change it to re-create an environment whose deleted vault still holds the name (purge protection keeps it for 90 days; `azd down --purge` cannot purge it). azd fills DBFANOUT_KEY_VAULT_SUFFIX; empty for none.')
+@maxLength(8)
+param keyVaultNameSuffix string = ''
+
 @description('Database URL app settings as Key Vault references: [{name: "ORDERS_DB_URL", secretName: "orders-db-url"}] for a secret in the deployed vault, or [{name, keyVaultSecretUri}] for any vault (grant the identity Key Vault Secrets User there).')
 param databaseUrlSettings array = []
 
@@ -153,7 +157,7 @@ var allTags = union(tags, {
 })
 var appName = empty(functionAppName) ? 'func-${resourceToken}' : toLower(functionAppName)
 var deploymentContainerName = 'app-package-${take(appName, 32)}-${take(resourceToken, 7)}'
-var keyVaultName = 'kv-${resourceToken}'
+var keyVaultName = toLower('kv-${resourceToken}${keyVaultNameSuffix}')
 var keyVaultUri = 'https://${keyVaultName}${environment().suffixes.keyvaultDns}/'
 var queueNames = [for q in queues: q.name]
 var topicNames = [for t in topics: t.name]

@@ -14,9 +14,11 @@ Gates, each reported with the file and what failed:
                 and every custom check ran on at least one resource (a check that failed to load,
                 or a resource type that was misspelled, would otherwise pass in silence).
 4. consistency  infra/consistency.py: app settings, parameters, topics, roles and their scopes,
-                outputs, and the config (--config PATH, repeatable; by default dbfanout.toml and
-                dbfanout.toml.sample at the repository root when they exist). Its warnings (for
-                example a subscription no configured handler consumes) are printed but do not fail.
+                outputs, and the config (--config PATH, repeatable; by default dbfanout.toml at the
+                repository root, else dbfanout.toml.sample), including parameters entries no
+                config names. Its warnings (for example a subscription no configured handler
+                consumes) are printed but do not fail. This gate alone, without checkov or
+                tree-sitter: `python infra/consistency.py` (any Python 3.11+).
 
 Needs tree-sitter, tree-sitter-bicep and checkov (infra/requirements-validate.txt). Run from
 another interpreter, it re-executes itself with the repository's .venv-infra when that exists.
@@ -238,7 +240,7 @@ def _checkov_run(infra: Path, checks_dir: Path) -> list[Problem]:
 
 
 def default_configs() -> list[Path]:
-    return [p for p in (REPO / "dbfanout.toml", REPO / "dbfanout.toml.sample") if p.is_file()]
+    return consistency.default_configs(REPO)
 
 
 def consistency_problems(infra: Path, configs: list[Path]) -> list[Problem]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -30,8 +31,30 @@ def timer_function_name(poller: str) -> str:
     return "poll_" + re.sub(r"\W", "_", poller)
 
 
+class _NoHttpAuthLevelNotice(logging.Filter):
+    """Drops the one line azure-functions logs at every indexing of an app without an HTTP trigger,
+    ``Auth level is not applied to non http function app`` (root logger, from its
+    ``FunctionRegister.get_functions``; azure-functions-python-worker#1615). The library offers no
+    way to declare an app timer- and queue-only, which ours is by design. Every other record passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.name == "root"
+            and str(record.msg).startswith("Auth level is not applied to non http function app")
+            and record.pathname.replace("\\", "/").endswith("azure/functions/decorators/function_app.py")
+        )
+
+
+def _quiet_no_http_notice() -> None:
+    root = logging.getLogger()
+    if not any(isinstance(f, _NoHttpAuthLevelNotice) for f in root.filters):
+        root.addFilter(_NoHttpAuthLevelNotice())
+
+
 def poller_blueprint(config: Config, runtimes: Runtimes | None = None) -> func.Blueprint:
     """Register the timers. Opens no connection: runtimes are built on the first tick."""
+    _quiet_no_http_notice()  # before the app that registers this blueprint is indexed
     bp = func.Blueprint()
     shared_runtimes = runtimes or Runtimes(config)
     for poller in config.pollers.values():

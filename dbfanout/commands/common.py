@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from shared.codec import dumps
 from shared.config import Config, load_config
@@ -31,6 +32,7 @@ __all__ = [
     "load",
     "mount_group",
     "print_json",
+    "print_table",
     "reporting_errors",
 ]
 
@@ -76,6 +78,14 @@ def load(config_path: Path | None, app_root: Path | None = None, *, lenient_sett
 
 def print_json(doc: Any) -> None:
     sys.stdout.write(dumps(doc).decode() + "\n")
+
+
+def print_table(table: Table, empty: str) -> None:
+    """Print ``table``, or the line ``empty`` when it has no rows (an empty grid of headers says less)."""
+    if table.row_count:
+        console.print(table)
+    else:
+        console.print(f"{table.title}: {empty}" if table.title else empty)
 
 
 def fail(message: str, code: int = EXIT_CHECK_FAILED, hint: str | None = None) -> NoReturn:

@@ -21,17 +21,16 @@ from dbfanout.commands.common import (
     console,
     load,
     print_json,
+    print_table,
     reporting_errors,
 )
 from dbfanout.ops.bus import bus_client
 from dbfanout.ops.status import (
     poller_status,
     queue_depth,
-    sink_refusing_line,
-    snapshot_line,
+    row_problems,
     storage_queue_depth,
     topic_depth,
-    truncate_line,
 )
 from shared.codec import dumps
 from shared.config import Config
@@ -74,9 +73,7 @@ def collect(config: Config, only: str | None) -> list[dict[str, Any]]:
 
 
 def _healthy(row: dict[str, Any]) -> bool:
-    if row.get("sink_refusing"):
-        return False  # the broker refuses its sends: nothing is delivered meanwhile
-    return not any(k in row for k in ("state_error", "source_error")) and row.get("fingerprint_match", True)
+    return not row_problems(row)[0]
 
 
 def _text(value: Any) -> str:
@@ -85,8 +82,9 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else dumps(value).decode()
 
 
-def _table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"dbfanout status ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC)")
+def _wide_table(rows: list[dict[str, Any]]) -> Table:
+    """``--wide``: every detail, cells over several lines (lease owner, batch id, each subscription)."""
+    table = Table(title=_title())
     for column in ("poller", "checkpoint", "last batch / updated", "lease", "fingerprint", "lag", "queue", "problems"):
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -110,23 +108,12 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         fp = row.get("fingerprint_match")
         match = "-" if fp is None else "[green]match[/]" if fp else "[red]MISMATCH[/]"
         lag = f"{_text(src.get('lag'))} ({_text(src.get('pending_rows'))} pending)" if src else "-"
-        if "snapshot" in row:
-            lag += "\n" + escape(snapshot_line(row["snapshot"]))
-        if "snapshot_hint" in row:
-            lag += "\n[yellow]" + escape(row["snapshot_hint"]) + "[/]"
-        if "last_truncate" in row:
-            lag += "\n[yellow]" + escape(truncate_line(row["last_truncate"])) + "[/]"
         active = depth.get("active_unknown") or f"{_text(depth.get('active'))} active"
         queue = f"{depth['queue']}: {active}, {_text(depth.get('dead_lettered'))} DLQ"
         if "topic" in row:
             queue = _subscription_lines(row)
-        problems = "; ".join(str(row[k]) for k in ("state", "state_error", "source_error") if k in row)
-        problems += f"; {depth['error']}" if "error" in depth else ""
-        if row.get("sink_refusing"):
-            problems += ("; " if problems else "") + f"[red]{sink_refusing_line(row['sink_refusing'])}[/]"
-        for truncate in row.get("truncates") or ():  # read from the binlog, not delivered (docs/operations.md)
-            line = f"TRUNCATE of {truncate.get('table')} at {truncate.get('at')} not delivered"
-            problems += ("; " if problems else "") + f"[yellow]{escape(line)}[/]"
+        found, notes = row_problems(row)
+        problems = "; ".join([*(f"[red]{escape(p)}[/]" for p in found), *map(escape, notes)])
         table.add_row(
             row["poller"],
             where,
@@ -138,6 +125,65 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             problems or "-",
         )
     return table
+
+
+def _title() -> str:
+    return f"dbfanout status ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC)"
+
+
+COMPACT_COLUMNS = ("poller", "lease", "lag", "active", "DLQ", "health")
+
+
+def _compact_table(rows: list[dict[str, Any]]) -> Table:
+    """The default: one line per poller that fits 80 columns (a long value ends in an ellipsis; the
+    checkpoint itself is in --wide and --json, its distance from the source is the lag); what is
+    wrong is listed below the table, one line each."""
+    table = Table(title=_title())
+    for column in COMPACT_COLUMNS:
+        table.add_column(column, no_wrap=True, overflow="ellipsis", justify="right" if column == "DLQ" else "left")
+    for row in rows:
+        depth, src = row["queue_depth"], row.get("source") or {}
+        found, notes = row_problems(row)
+        health = "[green]ok[/]" if not notes else "[yellow]see note[/]"
+        if found:
+            health = f"[red]{len(found)} problem{'s' if len(found) > 1 else ''}[/]"
+        table.add_row(
+            row["poller"],
+            (row.get("lease") or {}).get("state", "-"),
+            _short_lag(src),
+            _text(depth.get("active")) if "active_unknown" not in depth else "n/a",
+            _text(depth.get("dead_lettered")),
+            health,
+        )
+    return table
+
+
+def _short_lag(src: dict[str, Any]) -> str:
+    if not src:
+        return "-"
+    if "lag_bytes" in src:  # pg_logical: the WAL after the slot's confirmed position
+        return f"{src['lag_bytes'] / 1024 / 1024:.1f} MiB of WAL"
+    pending = src.get("pending_rows")
+    return _text(src.get("lag")) + (f", {pending} pending" if pending is not None else "")
+
+
+def _print_findings(rows: list[dict[str, Any]]) -> None:
+    """Below the compact table: each problem and note, one poller's per line (prose may wrap)."""
+    lines = []
+    for row in rows:
+        found, notes = row_problems(row)
+        lines += [f"  [red]problem[/] {escape(row['poller'])}: {escape(p)}" for p in found]
+        lines += [f"  [dim]note[/] {escape(row['poller'])}: {escape(n)}" for n in notes]
+    if lines:
+        console.print("\n".join(lines))
+
+
+def _print_status(rows: list[dict[str, Any]], wide: bool) -> None:
+    if wide:
+        print_table(_wide_table(rows), "no pollers configured")
+        return
+    print_table(_compact_table(rows), "no pollers configured")
+    _print_findings(rows)
 
 
 def _subscription_lines(row: dict[str, Any]) -> str:
@@ -154,10 +200,15 @@ def status_command(
     json_out: JsonOption = False,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until interrupted")] = False,
     interval: Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between refreshes")] = 5.0,
+    wide: Annotated[
+        bool,
+        typer.Option("--wide", help="Every detail: lease owner, last batch, each subscription (needs a wide terminal)"),
+    ] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Show where each poller stands (a topic poller: each subscription's active and dead-letter count).
-    Exit 1 when a poller's state, source or fingerprint is not healthy, or its broker refuses sends."""
+    """Show where each poller stands, one line each, and below it what is wrong (--wide: every detail).
+    Exit 1 when a poller's state, source or fingerprint is not healthy, its broker refuses sends, or
+    a message waits in its dead-letter (or poison) queue."""
     with reporting_errors():
         cfg = load(config)
         if poller:
@@ -176,7 +227,7 @@ def status_command(
         else:
             if watch:
                 console.clear()
-            console.print(_table(rows))
+            _print_status(rows, wide)
         if not watch:
             break
         try:

@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from dbfanout.ops.status import sink_refusing_line
+from dbfanout.ops.status import row_problems
 
 __all__ = ["checkpoint_rate", "live_table", "watch_live"]
 
@@ -86,11 +86,8 @@ def live_table(rows: Rows, previous: Mapping[str, Mapping[str, Any]], seconds: f
     for row in rows:
         active, dead = _queue(row)
         lease = row.get("lease") or {}
-        problems = "; ".join(str(row[k]) for k in ("state", "state_error", "source_error") if k in row)
-        if row.get("fingerprint_match") is False:
-            problems = "; ".join(p for p in (problems, "fingerprint MISMATCH") if p)
-        if row.get("sink_refusing"):
-            problems = "; ".join(p for p in (problems, sink_refusing_line(row["sink_refusing"])) if p)
+        found, notes = row_problems(row)
+        problems = "; ".join([*found, *notes])
         table.add_row(
             row["poller"],
             _lag(row),
@@ -100,7 +97,7 @@ def live_table(rows: Rows, previous: Mapping[str, Mapping[str, Any]], seconds: f
             active,
             dead,
             f"{lease.get('state', '-')} ({lease.get('owner') or 'free'})",
-            Text(problems or "-", style="red" if problems else "dim"),
+            Text(problems or "-", style="red" if found else "dim"),
         )
     return table
 

@@ -20,6 +20,7 @@ from dbfanout.commands.common import (
     console,
     load,
     print_json,
+    print_table,
     reporting_errors,
 )
 from dbfanout.ops.bus import bus_client
@@ -70,7 +71,7 @@ def validate_command(
             table.add_column(column, overflow="fold")
         for c in checks:
             table.add_row(c.poller, c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail)
-        console.print(table)
+        print_table(table, "no checks ran (no poller selected)")
         console.print(f"{len(failed)} check(s) failed" if failed else "[green]all checks hold[/]")
     if failed:
         raise typer.Exit(EXIT_CHECK_FAILED)

@@ -41,8 +41,10 @@ from shared.settings import redact_url
 
 __all__ = [
     "PENDING_LIMIT",
+    "dead_letter_problems",
     "poller_status",
     "queue_depth",
+    "row_problems",
     "sink_refusing",
     "sink_refusing_line",
     "snapshot_line",
@@ -360,3 +362,45 @@ def storage_queue_depth(config: Config, queue: str) -> dict[str, Any]:
     except Exception as exc:
         return {"queue": queue, "error": _error(exc)}
     return {"queue": queue, "active": active, "dead_lettered": dead, "how": "approximate counts (poison queue)"}
+
+
+def _counted(count: Any) -> bool:
+    """A depth count that is above zero: an int, or a lower bound such as ``>=1000``."""
+    return (isinstance(count, int) and count > 0) or (isinstance(count, str) and count.startswith(">="))
+
+
+def dead_letter_problems(row: Mapping[str, Any]) -> list[str]:
+    """One line per queue or subscription holding dead-lettered (a storage queue: poisoned) messages,
+    with the command that shows them: each one is a change no handler has carried out."""
+    depth = row.get("queue_depth") or {}
+    if "topic" in row:
+        found = [(f"{row['topic']}/{s['name']}", s.get("dead_letter")) for s in row.get("subscriptions") or []]
+    else:
+        found = [(str(depth.get("queue") or row["queue"]), depth.get("dead_lettered"))]
+    return [
+        f"{count} dead-lettered message(s) in {entity}: `dbfanout dlq peek {entity}`"
+        for entity, count in found
+        if _counted(count)
+    ]
+
+
+def row_problems(row: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """``(problems, notes)`` of one :func:`poller_status` row with its depth. A problem makes
+    ``status`` exit 1 (state or source unreadable, fingerprint mismatch, a refusing broker, dead
+    letters); a note is shown and does not (never ran yet, depth unknown, a snapshot under way)."""
+    problems = [str(row[k]) for k in ("state_error", "source_error") if k in row]
+    if row.get("fingerprint_match") is False:
+        problems.append("source fingerprint MISMATCH: the config no longer reads what the checkpoint was taken on")
+    if row.get("sink_refusing"):
+        problems.append(sink_refusing_line(row["sink_refusing"]))
+    problems += dead_letter_problems(row)
+    depth = row.get("queue_depth") or {}
+    notes = [str(row["state"])] if "state" in row else []
+    notes += [f"queue depth unknown: {depth['error']}"] if "error" in depth else []
+    notes += [snapshot_line(row["snapshot"])] if "snapshot" in row else []
+    notes += [str(row["snapshot_hint"])] if "snapshot_hint" in row else []
+    # TRUNCATEs read from the log are never delivered as events (docs/operations.md, "TRUNCATE"): a
+    # note, not a problem, since the checkpoint keeps the record after the targets were dealt with
+    notes += [truncate_line(row["last_truncate"])] if "last_truncate" in row else []
+    notes += [f"TRUNCATE of {t.get('table')} at {t.get('at')} not delivered" for t in row.get("truncates") or ()]
+    return problems, notes

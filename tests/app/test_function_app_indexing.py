@@ -152,3 +152,34 @@ def test_a_subscription_function_name_taken_by_a_queue_fails_naming_the_key(
         _import_app(tmp_path, monkeypatch, clash)
     assert info.value.key == "pollers.stock.subscriptions.search"
     assert "work_stock_changes_search" in str(info.value)
+
+
+INDEX_LIKE_RUN = """
+import logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.WARNING)
+from dbfanout.host.app_loader import discover, load_app
+specs = discover(load_app("function_app:app", Path(sys.argv[1])))
+logging.warning("another warning: still shown")
+print(len(specs), "functions")
+"""
+
+
+def test_indexing_the_app_prints_no_auth_level_warning_and_hides_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    # Given the app with timers and queue triggers only (no HTTP function), indexed as `dbfanout run` does
+    (tmp_path / "app.toml").write_text(CONFIG)
+    env = {"DBFANOUT_CONFIG": str(tmp_path / "app.toml"), "ORDERS_DB_URL": "sqlite://", "PATH": ""}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", INDEX_LIKE_RUN, str(root)], capture_output=True, text=True, env=env, timeout=120
+    )
+    # Then it indexes every function, and azure-functions' "Auth level is not applied" line is gone
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "5 functions"
+    assert "Auth level" not in done.stderr, done.stderr
+    # While any other warning on the same (root) logger is still printed
+    assert "WARNING:root:another warning: still shown" in done.stderr

@@ -19,8 +19,9 @@ import uuid
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 
+from dbfanout.dlq.replay import PROP_REPLAY_OF, replay
+from dbfanout.dlq.selection import Selection
 from dbfanout.ops.bus import peek_receiver
-from dbfanout.ops.replay import PROP_REPLAY_OF, Selection, replay
 from sbemulator.testing import unique_queue
 from tests.conftest import FULL
 from tests.support.ports import wait_until

@@ -91,15 +91,17 @@ def test_status_reports_the_active_depth_of_a_session_queue_as_unknown_and_still
         receiver.dead_letter_message(message, reason="HandlerFailed", error_description="test")
     # When the operator asks for the status
     result = ws.run("status", "orders", "--json")
-    # Then the active depth is unknown, with the reason, and the DLQ count is there (no error)
-    assert result.exit_code == 0, result.stdout + result.stderr
+    # Then the active depth is unknown, with the reason, and the DLQ count is there (no error; exit 1
+    # for the dead letter)
+    assert result.exit_code == 1, result.stdout + result.stderr
     (row,) = json.loads(result.stdout)
     depth = row["queue_depth"]
     assert "error" not in depth, depth
     assert depth["active"] is None and "session queue" in depth["active_unknown"]
     assert depth["dead_lettered"] == 1 and depth["requires_session"] is True
-    table = ws.run("status")
-    assert table.exit_code == 0 and "n/a: session queue" in said(table) and "1 DLQ" in said(table)
+    table = ws.run("status", "--wide")
+    # (exit 1: the dead letter is a problem)
+    assert table.exit_code == 1 and "n/a: session queue" in said(table) and "1 DLQ" in said(table)
 
 
 def test_dlq_peek_and_replay_on_a_session_queue_keep_the_session_id(session_workspace, bus):

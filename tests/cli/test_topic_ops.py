@@ -168,7 +168,7 @@ def test_status_shows_each_subscriptions_depth_and_dead_letters(topic_workspace,
         sender.send_messages([ServiceBusMessage(b"a"), ServiceBusMessage(b"b")])
     # When status runs (JSON and human)
     result = ws.run("status", "--json")
-    human = ws.run("status")
+    human = ws.run("status", "--wide")
     # Then the topic and each subscription's numbers are shown; the queue_depth sums them
     (row,) = json.loads(result.stdout)
     assert row["topic"] == row["queue"] == ws.queue
@@ -178,6 +178,10 @@ def test_status_shows_each_subscriptions_depth_and_dead_letters(topic_workspace,
     text = said(human)
     assert f"{ws.queue} (topic)" in text
     assert "search: 2 active, 1 DLQ" in text and "audit: 2 active, 0 DLQ" in text
+    # And the dead letter is a problem that names its subscription (exit 1)
+    compact = ws.run("status")
+    assert human.exit_code == compact.exit_code == 1
+    assert f"1 dead-lettered message(s) in {ws.queue}/search" in said(compact) and "/audit" not in said(compact)
 
 
 def test_status_reports_a_missing_subscription_and_still_shows_the_rest(tmp_path, azurite, servicebus, monkeypatch):

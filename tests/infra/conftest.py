@@ -2,38 +2,67 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-INFRA = REPO / "infra"
+REPO_INFRA = REPO / "infra"
 FIXTURE_CONFIG = Path(__file__).resolve().parent / "fixtures" / "dbfanout.sample.toml"
 ROOT_SAMPLE = REPO / "dbfanout.toml.sample"
 INFRA_PYTHON = REPO / ".venv-infra" / "bin" / "python"
 
 
-def load_consistency() -> ModuleType:
-    """infra/consistency.py is a script beside the templates, not a package: load it by path."""
-    name = "dbfanout_infra_consistency"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, INFRA / "consistency.py")
+def load_infra_script(name: str) -> ModuleType:
+    """A script beside the templates (consistency.py, params.py) is not a package: load it by path."""
+    module_name = f"dbfanout_infra_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, REPO_INFRA / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def sample_configs() -> list[Path]:
-    """The fixture config, plus dbfanout.toml.sample at the repository root once it exists."""
-    return [FIXTURE_CONFIG] + ([ROOT_SAMPLE] if ROOT_SAMPLE.is_file() else [])
+def generated_infra(config: Path, dest: Path) -> Path:
+    """A copy of infra/ whose main.parameters.json is what ``infra/params.py`` writes for ``config``."""
+    shutil.copytree(REPO_INFRA, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    out = dest / "main.parameters.json"
+    existing = json.loads(out.read_text(encoding="utf-8"))
+    out.write_text(json.dumps(load_infra_script("params").generate(config, existing), indent=2), encoding="utf-8")
+    return dest
+
+
+def _fixture_infra() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="dbfanout-infra-"))
+    atexit.register(shutil.rmtree, root, True)
+    return generated_infra(FIXTURE_CONFIG, root / "infra")
+
+
+#: infra/ with the parameters generated from the fixture config (two queue pollers and a topic
+#: poller), which most tests here check and break. The committed parameters are the root sample's
+#: (one poller): ``REPO_INFRA``. Made at import, so module constants and defaults can name it.
+INFRA = _fixture_infra()
+
+
+def load_consistency() -> ModuleType:
+    return load_infra_script("consistency")
+
+
+def sample_configs() -> list[tuple[Path, Path]]:
+    """``(config, infra)``: the fixture config with its generated copy, and dbfanout.toml.sample at the
+    repository root with the committed infra/."""
+    return [(FIXTURE_CONFIG, INFRA), (ROOT_SAMPLE, REPO_INFRA)]
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,10 @@ from types import ModuleType
 
 import shared.telemetry
 import shared.tracing
-from tests.infra.conftest import FIXTURE_CONFIG, INFRA
+from tests.infra.conftest import FIXTURE_CONFIG, INFRA, REPO
 from tests.infra.test_consistency import checks_of, edit_parameters, write_config
 
 ALERTS = INFRA / "modules" / "alerts.bicep"
-REPO = INFRA.parent
 
 
 def _pollers(infra: Path = INFRA) -> list[dict[str, object]]:

@@ -20,7 +20,7 @@ import pytest
 
 from shared.config import SubscriptionConfig, parse_config
 from shared.topology import PROP_TARGET, subscription_rule
-from tests.infra.conftest import FIXTURE_CONFIG, INFRA, replace_once
+from tests.infra.conftest import FIXTURE_CONFIG, INFRA, REPO_INFRA, replace_once
 from tests.infra.test_consistency import checks_of, edit_parameters, write_config
 
 TOPIC_MODULE = INFRA / "modules" / "servicebus-topic.bicep"
@@ -321,7 +321,7 @@ def test_a_service_bus_data_role_on_the_namespace_or_resource_group_fails(
 def test_the_gate_passes_with_warnings_and_fails_with_errors(
     infra_python: Path, infra_copy: Path, tmp_path: Path
 ) -> None:
-    validate = [str(infra_python), str(INFRA / "validate.py"), "--skip-checkov", "--config"]
+    validate = [str(infra_python), str(REPO_INFRA / "validate.py"), "--skip-checkov", "--config"]
     config = topic_config(tmp_path)
     # Given a subscription no handler consumes: a warning, exit 0
     with_invoices_topic(infra_copy, {"name": "ledger"}, {"name": "mail"}, {"name": "bi-export"})

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from azure.servicebus import (
 )
 from azure.servicebus.exceptions import ServiceBusError
 
+from dbfanout.dlq.selection import Progress, Selection, each_selected, release
 from dbfanout.ops.bus import DLQ_DESCRIPTION, DLQ_REASON, Entity, MessageView, as_entity, peek_receiver
 from shared.errors import EnqueueError
 from shared.logs import get_logger, ids
@@ -53,8 +54,6 @@ __all__ = [
     "PROP_REPLAY_REASON",
     "PROP_REPLAY_TIME",
     "ReplayReport",
-    "Selection",
-    "each_selected",
     "replay",
     "replay_copy",
     "replay_message_id",
@@ -69,30 +68,6 @@ PROP_REPLAY_TIME = "dbfanout-replay-time"
 PROP_REPLAY_COUNT = "dbfanout-replay-count"
 
 MAX_MESSAGE_ID = 128
-RECEIVE_BATCH = 10  # small: every received message holds a lock until it is settled
-RECEIVE_WAIT_SECONDS = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """Which dead-lettered messages to act on. ``everything`` must be explicit (``--all``)."""
-
-    everything: bool = False
-    sequences: frozenset[int] = frozenset()
-    reason: str | None = None
-    since: dt.datetime | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not (self.everything or self.sequences or self.reason or self.since)
-
-    def matches(self, view: MessageView) -> bool:
-        """Every given filter must hold (``--all`` alone matches everything)."""
-        if self.sequences and view.sequence_number not in self.sequences:
-            return False
-        if self.reason is not None and (view.reason or "") != self.reason:
-            return False
-        return not (self.since is not None and (view.enqueued_time is None or view.enqueued_time < self.since))
 
 
 @dataclass
@@ -170,9 +145,6 @@ def replay_copy(
     )
 
 
-Progress = Callable[[int, int], None]
-
-
 def replay(
     client: ServiceBusClient,
     queue: str | Entity,
@@ -226,38 +198,6 @@ def replay(
     return report
 
 
-def each_selected(
-    receiver: ServiceBusReceiver,
-    pending: set[int],
-    act: Callable[[ServiceBusReceivedMessage], bool],
-    progress: Progress | None = None,
-) -> None:
-    """Receive until every pending sequence number was acted on or the DLQ has nothing more to give.
-
-    ``act`` settles one selected message and returns False to stop. Messages that are not
-    selected keep their lock while the scan goes on (so the receiver moves past them) and are
-    abandoned at the end. What stays in ``pending`` was not found (gone, or locked elsewhere).
-    """
-    total, held, going = len(pending), [], True
-    try:
-        while pending and going:
-            with bus_errors("receive", receiver.entity_path):
-                batch = receiver.receive_messages(max_message_count=RECEIVE_BATCH, max_wait_time=RECEIVE_WAIT_SECONDS)
-            if not batch:
-                break
-            for message in batch:
-                seq = int(message.sequence_number or 0)
-                if seq not in pending or not going:
-                    held.append(message)
-                    continue
-                going = act(message)
-                pending.discard(seq)
-                if progress is not None:
-                    progress(total - len(pending), total)
-    finally:
-        _release(receiver, held)
-
-
 def _replay_one(
     receiver: ServiceBusReceiver,
     sender: ServiceBusSender,
@@ -273,7 +213,7 @@ def _replay_one(
             sender.send_messages(copy)  # 1. the copy is durable in the target queue (or topic) ...
     except EnqueueError as exc:  # nothing was completed: the original stays in the DLQ
         report.error = f"sending the copy of sequence {view.sequence_number} failed: {exc}"
-        _release(receiver, [message])
+        release(receiver, [message])
         return
     try:
         receiver.complete_message(message)  # 2. ... only then does the original leave the DLQ
@@ -286,15 +226,6 @@ def _replay_one(
         return
     report.replayed.append(row)
     log.info("replayed", extra=ids(**_log_ids(row)))
-
-
-def _release(receiver: ServiceBusReceiver, messages: Iterable[ServiceBusReceivedMessage]) -> None:
-    """Give locks back (best effort: an expired lock frees the message anyway)."""
-    for message in messages:
-        try:
-            receiver.abandon_message(message)
-        except (ServiceBusError, OSError):
-            log.debug("abandon failed; the lock will lapse", exc_info=True)
 
 
 def _row(view: MessageView, copy: ServiceBusMessage) -> dict[str, Any]:

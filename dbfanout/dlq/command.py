@@ -2,7 +2,7 @@
 
 ENTITY is a Service Bus queue (its ``$DeadLetterQueue``), ``TOPIC/SUBSCRIPTION`` of a topic poller
 (that subscription's ``$DeadLetterQueue``; a configured queue of that name wins) or, for a poller
-with ``transport = "storage-queue"``, its queue or ``<queue>-poison`` (see :mod:`dbfanout.ops.poison`).
+with ``transport = "storage-queue"``, its queue or ``<queue>-poison`` (see :mod:`dbfanout.dlq.poison`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from dbfanout.commands.common import (
     EXIT_CHECK_FAILED,
@@ -25,7 +24,6 @@ from dbfanout.commands.common import (
     YesOption,
     confirm_or_refuse,
     console,
-    err_console,
     fail,
     load,
     mount_group,
@@ -33,12 +31,14 @@ from dbfanout.commands.common import (
     progress_bar,
     reporting_errors,
 )
-from dbfanout.ops import dlq as ops
-from dbfanout.ops import poison as poison_ops
+from dbfanout.dlq import deadletter as ops
+from dbfanout.dlq import poison as poison_ops
+from dbfanout.dlq.explain import explaining
+from dbfanout.dlq.render import print_peek, print_poison_report, print_report
+from dbfanout.dlq.replay import replay
+from dbfanout.dlq.selection import Selection
+from dbfanout.dlq.timeparse import parse_duration, parse_since
 from dbfanout.ops.bus import Entity, MessageView, bus_client, resolve_entity
-from dbfanout.ops.failures import explaining
-from dbfanout.ops.replay import ReplayReport, Selection, replay
-from dbfanout.ops.timeparse import parse_duration, parse_since
 
 QueueArg = Annotated[
     str,
@@ -125,12 +125,12 @@ def peek_command(
         if poison is not None:
             with reporting_errors(), _explaining(config, poison.queue, storage_queue=True) as explain:
                 views = poison.peek(selection, limit, explain=explain)
-            _print_peek(views, poison.name, json_out, poison=True)
+            print_peek(views, poison.name, json_out, poison=True, filtered=not selection.empty)
             return
     entity = _entity(config, queue)
     with _client(config) as client, reporting_errors(), _explaining(config, entity.label) as explain:
         views = ops.peek(client, entity, selection, limit, explain)
-    _print_peek(views, entity.dlq_label, json_out)
+    print_peek(views, entity.dlq_label, json_out, filtered=not selection.empty)
 
 
 @contextmanager
@@ -142,43 +142,6 @@ def _explaining(
         config = load(config_path)
     with explaining(config, entity, stale_check=not storage_queue) as explain:
         yield explain
-
-
-def _print_peek(views: list[MessageView], title: str, json_out: bool, *, poison: bool = False) -> None:
-    if json_out:
-        print_json([v.to_json() for v in views])
-        return
-    table = Table(title=f"{title} ({len(views)} shown)")
-    columns = ("seq", "message id", "enqueued", "deliveries", "reason", "description", "poller", "events", "pks")
-    for column in (*columns, "failure"):
-        table.add_column(column, overflow="fold")
-    for v in views:
-        poller, count, pks = v.envelope_summary()
-        enqueued = v.enqueued_time.strftime("%Y-%m-%d %H:%M:%S") if v.enqueued_time else "-"
-        table.add_row(
-            "-" if poison else str(v.sequence_number),
-            v.message_id,
-            enqueued,
-            str(v.delivery_count),
-            f"{v.reason} (poison queue)" if poison else v.reason or "-",
-            (v.description or "-")[:80],
-            poller or "-",
-            str(count) if count is not None else "-",
-            ", ".join(str(pk) for pk in pks) or "-",
-            _failure_text(v),
-        )
-    console.print(table)
-    if poison and len(views) >= poison_ops.PEEK_MAX:
-        err_console.print("[dim]storage queues peek at most 32 messages; `dlq export` lists them all[/]")
-
-
-def _failure_text(view: MessageView) -> str:
-    """The last failure, as a table cell: ``Type: message (delivery N, at T)``."""
-    failure = view.failure
-    if not failure:
-        return "-"
-    text = str(failure.get("error") or failure.get("error_type") or "?")
-    return f"{text[:160]} (delivery {failure.get('delivery_count')}, {str(failure.get('failed_at'))[:19]})"
 
 
 def export_command(
@@ -276,7 +239,7 @@ def replay_command(
         confirm_or_refuse(yes, f"Replay the selected messages of {entity.dlq_label} into {target}?")
     with _client(config) as client, reporting_errors(), progress_bar("replaying", enabled=not json_out) as advance:
         report = replay(client, entity, selection, target=to, dry_run=dry_run, bodies=bodies, progress=advance)
-    _print_report(report, json_out)
+    print_report(report, json_out)
     if not report.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -308,29 +271,7 @@ def _replay_poison(
         confirm_or_refuse(yes, f"Replay the selected messages of {poison.name} into {target}?")
     with reporting_errors(), progress_bar("replaying", enabled=not json_out) as advance:
         report = poison.replay(selection, target=to, ids_=wanted, bodies=bodies, dry_run=dry_run, progress=advance)
-    if json_out:
-        print_json(report.to_json())
-    else:
-        count = len(report.selected) if report.dry_run else len(report.replayed)
-        verb = "would replay" if report.dry_run else "replayed"
-        console.print(
-            f"{verb} {count} of {len(report.selected)} selected message(s) from {report.source} into {target}"
-        )
-        if report.dry_run:
-            console.print("[dim](a dry run peeks: storage queues show at most 32 messages)[/]")
-        for row in report.replayed:  # provenance: storage queue messages carry no properties
-            console.print(
-                f"  {row['original_id']} -> {row['replay_id']}{' (repaired body)' if row['repaired'] else ''}"
-            )
-        for row in report.sent_not_completed:
-            err_console.print(
-                f"[yellow]{row['original_id']}: copy {row['replay_id']} put but the original is still in the poison "
-                f"queue ({row['error']}); a re-run puts another copy (handlers dedupe by event id)[/]"
-            )
-        if report.not_found:
-            err_console.print(f"[yellow]not found in {report.source}: {report.not_found[:20]}[/]")
-        if report.error:
-            err_console.print(f"[bold red]error:[/] {report.error}; the unsent originals are still in the poison queue")
+    print_poison_report(report, target, json_out)
     if not report.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -340,32 +281,6 @@ def _read_file(path: Path) -> dict[int, bytes]:
         return ops.read_export(path)
     except (OSError, ValueError) as exc:
         fail(f"--from-file: {exc}", EXIT_USAGE, "pass a file written by `dbfanout dlq export`")
-
-
-def _print_report(report: ReplayReport, json_out: bool) -> None:
-    if json_out:
-        print_json(report.to_json())
-        return
-    verb = "would replay" if report.dry_run else "replayed"
-    count = len(report.replayed) if not report.dry_run else len(report.selected)
-    console.print(
-        f"{verb} {count} of {len(report.selected)} selected message(s) from {report.source} into {report.target}"
-    )
-    if report.dry_run:
-        for row in report.replayed:
-            console.print(f"  seq {row['sequence_number']}: {row['original_id']} -> {row['replay_id']}")
-    for row in report.sent_not_completed:
-        err_console.print(
-            f"[yellow]seq {row['sequence_number']}: copy {row['replay_id']} sent but the original is still in the "
-            f"DLQ ({row['error']}); re-run the replay (duplicate detection drops the repeat)[/]"
-        )
-    if report.not_found:
-        err_console.print(
-            f"[yellow]{len(report.not_found)} selected message(s) were not received (gone, or locked by another "
-            f"receiver): {report.not_found[:20]}; re-run once their locks lapse[/]"
-        )
-    if report.error:
-        err_console.print(f"[bold red]error:[/] {report.error}; the unsent originals are still in the DLQ")
 
 
 def purge_command(

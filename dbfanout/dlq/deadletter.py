@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusSubQueue
 from azure.servicebus.exceptions import ServiceBusError
 
+from dbfanout.dlq.selection import Progress, Selection, each_selected
 from dbfanout.ops.bus import Entity, MessageView, as_entity, peek_all, peek_receiver
-from dbfanout.ops.replay import Progress, Selection, each_selected
 from shared.codec import dumps, loads
 from shared.errors import SerializationError
 from shared.logs import get_logger, ids
@@ -40,7 +40,7 @@ def peek(
     explain: Callable[[MessageView], MessageView] = _plain,
 ) -> list[MessageView]:
     """Dead-lettered messages matching ``selection`` (all when empty), at most ``limit``; ``explain``
-    adds each one's failure record (dbfanout.ops.failures)."""
+    adds each one's failure record (:mod:`dbfanout.dlq.explain`)."""
     out: list[MessageView] = []
     for view in peek_all(client, queue):
         if selection.empty or selection.matches(view):

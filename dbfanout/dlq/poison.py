@@ -27,9 +27,10 @@ from typing import Any
 from azure.core.exceptions import AzureError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
+from dbfanout.dlq.deadletter import purge_start, read_export_bodies
+from dbfanout.dlq.replay import ReplayReport
+from dbfanout.dlq.selection import Progress, Selection
 from dbfanout.ops.bus import MessageView
-from dbfanout.ops.dlq import purge_start, read_export_bodies
-from dbfanout.ops.replay import Progress, ReplayReport, Selection
 from shared.codec import dumps
 from shared.config import Config
 from shared.logs import get_logger, ids
@@ -123,7 +124,7 @@ class PoisonQueue:
         explain: Callable[[MessageView], MessageView] = lambda v: v,
     ) -> list[MessageView]:
         """The first (at most 32) poison messages matching ``selection``; nothing is changed.
-        ``explain`` adds each one's failure record (dbfanout.ops.failures)."""
+        ``explain`` adds each one's failure record (:mod:`dbfanout.dlq.explain`)."""
         with queue_errors("peek", self.name):
             messages = self.client.peek_messages(max_messages=PEEK_MAX)
         views = [v for v in map(_view, messages) if _matches(selection, ids_, v)]
