@@ -25,7 +25,7 @@ app = typer.Typer(
 app.add_typer(build_emulator_app(emulator_entities), name="emulator", help="Start a local emulator (Service Bus).")
 
 
-COMMAND_MODULES = ("run", "demo", "validate", "status", "checkpoint", "dlq", "snapshot", "notify")
+COMMAND_MODULES = ("init", "run", "demo", "validate", "status", "checkpoint", "dlq", "snapshot", "notify")
 
 
 def _register_commands() -> None:
