@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from dbfanout.cli import app
-from dbfanout.commands.init_files import PLACEHOLDER
+from dbfanout.commands.init_files import PLACEHOLDER, PollerPlan, poller_toml
 from dbfanout.commands.init_table import inspect_table
 from shared.config import parse_config
 from tests.host.app_support import drop_pg_schema, pg_schema_url
@@ -105,3 +105,15 @@ def test_postgresql_says_whether_a_log_source_is_possible(pg_url: str) -> None:
     assert (shape.cursor, shape.pk, shape.cursor_naive) == ("modified_at", ("id",), False)
     assert (shape.log_kind == "pg_logical") == (level == "logical"), shape.log_detail
     assert f"wal_level = {level}" in shape.log_detail
+
+
+@pytest.mark.parametrize("kind", ["pg_logical", "mysql_binlog"])
+def test_a_log_source_poller_is_a_valid_config(kind: str) -> None:
+    # Given what init writes for a log source (the server allowed it)
+    plan = PollerPlan(name="orders", kind=kind, table="orders", url_setting="ORDERS_DB_URL", queue="orders-changes",
+                      shape=None)  # fmt: skip
+    text = '[app]\nname = "shop"\n\n' + poller_toml(plan)
+    # Then it parses as that kind, on the table, without the keyset keys
+    poller = parse_config(tomllib.loads(text), {"ORDERS_DB_URL": "x"}).poller("orders")
+    assert poller.kind == kind
+    assert list(poller.tables) == (["public.orders"] if kind == "pg_logical" else ["orders"])

@@ -3,7 +3,10 @@ running service (issue 40: one command to run locally)."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,3 +124,40 @@ def test_a_missing_entity_names_app_config(servicebus: Emulator) -> None:
         sender.send_messages(ServiceBusMessage("x"))
     # Then the error says how to declare them
     assert "--app-config" in str(caught.value)
+
+
+def _app_folder(root: Path, storage: str, servicebus: str) -> Path:
+    from dbfanout.demo.appdir import app_settings, write_app_folder
+
+    write_app_folder(root, app_settings(root, storage=storage, servicebus=servicebus))
+    (root / "dbfanout.toml").write_text(
+        '[app]\nname = "devsvc"\n\n[pollers.orders]\nsource_url = "${ORDERS_DB_URL}"\ntable = "orders"\n'
+        'cursor = "version"\npk = ["id"]\nqueue = "orders-changes"\nschedule = "0 0 0 1 1 *"\n'
+        'handler = "handlers.example:handle"\n'
+    )
+    return root
+
+
+def _run(root: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DBFANOUT_", "AzureWebJobs"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "dbfanout.cli", "run", "--duration", "1", "--grace", "1", *args],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return result.stdout + result.stderr
+
+
+def test_run_starts_only_the_missing_service_and_no_emulators_starts_none(
+    tmp_path: Path, azurite: Any, not_amqp: int
+) -> None:
+    # Given an app whose storage is a running Azurite and whose Service Bus string names a port
+    # where no emulator answers
+    bus = f"Endpoint=sb://127.0.0.1:{not_amqp};SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true"
+    root = _app_folder(tmp_path, azurite.connection_string, bus)
+    # When dbfanout run starts; Then it starts the emulator for DBFANOUT_SERVICEBUS alone
+    output = _run(root)
+    assert "started Service Bus emulator" in output and "for DBFANOUT_SERVICEBUS: orders-changes" in output
+    assert "started Azurite" not in output and "dbfanout host running" in output
+    # When it starts with --no-emulators; Then nothing is started: the settings are used as they are
+    output = _run(root, "--no-emulators")
+    assert "dbfanout run: started" not in output and "dbfanout host running" in output
