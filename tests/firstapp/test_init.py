@@ -117,3 +117,24 @@ def test_a_log_source_poller_is_a_valid_config(kind: str) -> None:
     poller = parse_config(tomllib.loads(text), {"ORDERS_DB_URL": "x"}).poller("orders")
     assert poller.kind == kind
     assert list(poller.tables) == (["public.orders"] if kind == "pg_logical" else ["orders"])
+
+
+@pytest.mark.integration
+def test_mariadb_says_whether_the_binlog_allows_a_log_source(mysql_url: str) -> None:
+    # Given a table on the test server (its own name: the database is shared)
+    table = f"init_{uuid.uuid4().hex[:8]}"
+    engine = sa.create_engine(mysql_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE TABLE {table} (id INT PRIMARY KEY, updated_at DATETIME(6) NOT NULL)")
+            row = conn.exec_driver_sql("SELECT @@log_bin, @@binlog_format, @@binlog_row_image").one()
+        # When init reads it
+        shape = inspect_table(engine, table)
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+        engine.dispose()
+    # Then the cursor is found (naive: the config must name its zone), and the log source follows the binlog
+    assert (shape.cursor, shape.pk, shape.cursor_naive) == ("updated_at", ("id",), True)
+    row_binlog = str(row[0]) in ("1", "ON") and str(row[1]).upper() == "ROW" and str(row[2]).upper() == "FULL"
+    assert (shape.log_kind == "mysql_binlog") == row_binlog, shape.log_detail
