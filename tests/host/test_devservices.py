@@ -161,3 +161,20 @@ def test_run_starts_only_the_missing_service_and_no_emulators_starts_none(
     # When it starts with --no-emulators; Then nothing is started: the settings are used as they are
     output = _run(root, "--no-emulators")
     assert "dbfanout run: started" not in output and "dbfanout host running" in output
+
+
+def test_an_emulator_started_without_app_config_says_how_to_declare_the_queues() -> None:
+    # Given the emulator started by hand, without --app-config
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dbfanout.cli", "emulator", "servicebus", "--port", "0", "--http-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]  # AMQP port, health, queues: printed at start
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    # Then its queue line names --app-config
+    queues = next(line for line in lines if line.startswith("Queues:"))
+    assert "--app-config dbfanout.toml" in queues
