@@ -26,7 +26,9 @@ app.add_typer(build_emulator_app(emulator_entities), name="emulator", help="Star
 
 
 #: Modules exposing ``register(app)``, mounted in this order (a bare name is in dbfanout.commands).
-COMMAND_MODULES = ("run", "demo", "validate", "status", "checkpoint", "dbfanout.dlq.command", "snapshot", "notify")
+COMMAND_MODULES = (
+    "init", "run", "demo", "validate", "status", "checkpoint", "dbfanout.dlq.command", "snapshot", "notify",
+)  # fmt: skip
 
 
 def _register_commands() -> None:

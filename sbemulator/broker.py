@@ -112,7 +112,9 @@ class Broker:
             kind = "subscription" if "/subscriptions/" in key else "queue"
             raise EntityNotFoundError(
                 f"The messaging entity '{self.namespace}:{kind}:{ep.queue}' could not be found;"
-                " add it to Config.json (or Emulator.create_queue / create_topic)."
+                " start the emulator with `dbfanout emulator servicebus --app-config dbfanout.toml` (it declares"
+                " the app's queues and topics; `dbfanout run` does that itself), or add it to Config.json"
+                " (or Emulator.create_queue / create_topic)."
             )
         return table[key]
 

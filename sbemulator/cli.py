@@ -76,7 +76,10 @@ def _serve(emulator: Emulator, cfg: EmulatorConfig, host: str) -> None:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    names = ", ".join(q.name for q in cfg.queues) or "(none; create them in Config.json)"
+    names = ", ".join(q.name for q in cfg.queues) or (
+        "(none: `dbfanout emulator servicebus --app-config dbfanout.toml` declares an app's queues and topics;"
+        " or list them in a Config.json given with --config)"
+    )
     topics = ", ".join(f"{t.name} [{', '.join(s.name for s in t.subscriptions)}]" for t in cfg.topics) or "(none)"
     typer.echo(f"AMQP port: {emulator.port}")
     typer.echo(f"Health: http://{host}:{emulator.http_port}/health")

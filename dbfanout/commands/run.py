@@ -14,12 +14,15 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from dbfanout.commands.common import EXIT_CHECK_FAILED, EXIT_OK, ConfigOption, reporting_errors
+from dbfanout.commands.common import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, ConfigOption, fail, reporting_errors
 from shared.config import CONFIG_SETTING
+
+if TYPE_CHECKING:
+    from dbfanout.host.devservices import DevServices
 
 __all__ = ["LOG_FORMAT_SETTING", "register", "run"]
 
@@ -54,8 +57,19 @@ def run(
             "default: what the settings ask for (OTEL_EXPORTER_OTLP_ENDPOINT, APPLICATIONINSIGHTS_CONNECTION_STRING)",
         ),
     ] = None,
+    emulators: Annotated[
+        bool,
+        typer.Option(
+            "--emulators/--no-emulators",
+            help="Start Azurite and the Service Bus emulator (free ports, the app's queues and topics) for "
+            "the connection settings that point at no running service (default: on)",
+        ),
+    ] = True,
 ) -> None:
-    """Run function_app.py locally: fire its timers, feed its queue triggers."""
+    """Run function_app.py locally: fire its timers, feed its queue triggers.
+
+    Storage and Service Bus settings that are unset, or name the local emulators while none
+    answers, get an Azurite and a Service Bus emulator started for this run."""
     if log_format not in ("text", "json"):
         raise typer.BadParameter(f"{log_format!r}: use text or json", param_hint="--log-format")
     if otel not in (None, "console", "otlp", "azure-monitor", "none"):
@@ -74,6 +88,10 @@ def run(
 
         configure_telemetry(override=cast(Exporter, otel))
     stop = threading.Event()
+    with reporting_errors():
+        services = _dev_services(root, config, extra) if emulators else None
+    if services is not None:
+        extra.update(services.settings)
     host = LocalHost(root, app, extra_settings=extra, grace_seconds=grace)
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -83,6 +101,8 @@ def run(
             host.wait(stop, duration)
     finally:
         host.stop()
+        if services is not None:
+            services.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     sys.stdout.flush()
@@ -92,6 +112,29 @@ def run(
         # joined at exit), so leave now: its message is unsettled and comes back after the lock.
         os._exit(EXIT_CHECK_FAILED)
     raise typer.Exit(EXIT_OK)
+
+
+def _dev_services(root: Path, config: Path | None, extra: dict[str, str]) -> DevServices | None:
+    """Start the local services the app's settings lack; None when the config does not load
+    (the host then reports it, naming the key) or nothing is needed."""
+    from dbfanout.demo.services import ServiceError
+    from dbfanout.host.devservices import start_dev_services
+    from shared.config import load_config
+    from shared.errors import ConfigError
+    from shared.settings import load_settings
+
+    settings = {**load_settings(root), **extra}
+    try:
+        cfg = load_config(config, app_root=root, settings=settings, lenient_settings=True)
+    except ConfigError:
+        return None
+    try:
+        services = start_dev_services(root, cfg, settings)
+    except ServiceError as exc:
+        fail(str(exc), EXIT_USAGE)
+    for line in services.started:
+        print(f"dbfanout run: started {line}", flush=True)
+    return services if services.started else None
 
 
 def register(app: typer.Typer) -> None:

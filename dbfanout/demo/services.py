@@ -153,9 +153,11 @@ def azurite_binary(root: Path | None = None) -> str | None:
     return shutil.which("azurite")
 
 
-def start_azurite(workdir: Path, timeout: float = 60.0) -> Azurite:
-    """Start Azurite on free ports, in memory, without telemetry; wait until it listens."""
-    binary = azurite_binary()
+def start_azurite(workdir: Path, timeout: float = 60.0, *, binary: str | None = None) -> Azurite:
+    """Start Azurite on free ports, in memory, without telemetry; wait until it listens.
+
+    ``binary``: the Azurite to run (default: :func:`azurite_binary`)."""
+    binary = binary or azurite_binary()
     if binary is None:
         raise ServiceError("Azurite is not installed: run `make bootstrap` (it installs the version package.json pins)")
     blob_port, queue_port, table_port = free_port(), free_port(), free_port()

@@ -65,11 +65,23 @@ def load_app(spec: str, app_root: Path) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name != module_name:
             raise
-        raise ConfigError("--app", f"cannot import {module_name!r} from {root}", hint="pass --app-root DIR") from exc
+        raise ConfigError("--app", f"cannot import {module_name!r} from {root}", hint=_missing_app_hint(root)) from exc
     app = getattr(module, attr, None)
     if app is None or not callable(getattr(app, "get_functions", None)):
         raise ConfigError("--app", f"{module_name}.{attr} is not an azure.functions FunctionApp")
     return app
+
+
+def _missing_app_hint(root: str) -> str:
+    """What to do when the app module is missing: make this folder an app, or go to the app."""
+    here = Path(root)
+    if (here / "dbfanout.toml").exists() or (here / "handlers").is_dir():
+        # An app folder without its entry point: init writes function_app.py and host.json back.
+        return "run `dbfanout init` here: it writes the missing function_app.py and host.json"
+    return (
+        "this folder is not a dbfanout app: run `dbfanout init` here to make it one (docs/first-app.md), "
+        "or run from the folder that holds function_app.py (or pass --app-root DIR)"
+    )
 
 
 def discover(app: Any) -> list[FunctionSpec]:

@@ -170,5 +170,8 @@ def configure_logging(level: int, log_format: LogFormat = "text") -> None:
     """The dbfanout loggers at ``level`` (the CLI root stays at WARNING), each line rendered with
     its fields: ``text`` (``... batch enqueued poller=orders batch_id=...``) or ``json`` lines."""
     logging.getLogger("dbfanout").setLevel(level)
+    # The app's handlers (handlers/, as `dbfanout init` writes them) log at the same level: the
+    # Functions host shows a function's own logs at Information too.
+    logging.getLogger("handlers").setLevel(level)
     logging.getLogger("azure").setLevel(logging.WARNING)
     use_console_format(JsonFormatter() if log_format == "json" else TextFormatter(RUN_LOG_FORMAT))

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
+import subprocess
+import sys
 import textwrap
 import time
 import uuid
@@ -302,3 +305,31 @@ def test_stop_closes_what_the_functions_hold() -> None:
 
     spec = FunctionSpec("f", {"type": "timerTrigger", "name": "t"}, fn)
     assert list(_closure_closables([spec, spec])) == [part]
+
+
+def _run_in(folder: Path) -> subprocess.CompletedProcess[str]:
+    """``dbfanout run`` started in ``folder`` as a user starts it (a fresh process: nothing imported)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBFANOUT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "dbfanout.cli", "run", "--duration", "1"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_run_without_function_app_says_to_init_the_folder(tmp_path: Path) -> None:
+    # Given an empty folder (issue 40: the hint was "pass --app-root DIR", which is not the fix)
+    # When dbfanout run starts there
+    result = _run_in(tmp_path)
+    # Then it fails as bad configuration and says how to make the folder an app
+    assert result.returncode == 2, result.stderr
+    assert "dbfanout init" in result.stderr and "not a dbfanout app" in result.stderr
+
+
+def test_run_in_an_app_folder_missing_function_app_says_init_writes_it(tmp_path: Path) -> None:
+    # Given a folder with a dbfanout.toml but no function_app.py
+    (tmp_path / "dbfanout.toml").write_text('[app]\nname = "x"\n')
+    # When dbfanout run starts there
+    result = _run_in(tmp_path)
+    # Then the hint is that init writes the missing entry point
+    assert result.returncode == 2, result.stderr
+    assert "dbfanout init" in result.stderr and "function_app.py" in result.stderr
