@@ -43,7 +43,7 @@ from poller.snapshot.requests import (
     MAX_REQUEST_ID,
     apply_request,
     bounded,
-    chunk_size,
+    failed_request,
     initial_state,
 )
 from poller.snapshot.where import WhereRefused
@@ -234,14 +234,11 @@ class SnapshotCoordinator(Generic[C]):
         try:
             self._apply_request(scan, c, signal_id, data)
         except Exception as exc:
-            at = self._log.committed_at(c)
-            reason = f"could not be applied: {describe_error(exc, 2 * MAX_KEPT_TEXT)}"
+            reason = f"could not be applied: {describe_error(exc)}"
             self._refused(signal_id, reason)
             if scan.state is None or not scan.state.active:
-                scan.state, self._chunk = SnapshotState(
-                    id=bounded(str(signal_id), MAX_REQUEST_ID), tables=(), chunk_size=chunk_size(self._config),
-                    started_at=at, finished_at=at, error=reason,
-                ), None  # fmt: skip
+                at = self._log.committed_at(c)
+                scan.state, self._chunk = failed_request(self._config, signal_id, at, reason), None
 
     def _refused(self, signal_id: str, reason: str) -> None:
         """Warn and count a refused request once (a tick may read its row again before it commits)."""

@@ -33,6 +33,7 @@ __all__ = [
     "apply_request",
     "bounded",
     "chunk_size",
+    "failed_request",
     "initial_state",
     "request_params",
     "signal_of",
@@ -131,16 +132,23 @@ def apply_request(
         if state is not None and state.active:
             return state, f"{reason}; the running snapshot {state.id} goes on"
         where = data.get("where") if isinstance(data, Mapping) else None
-        failed = SnapshotState(
-            id=bounded(str(request_id), MAX_REQUEST_ID),
-            tables=(),
-            chunk_size=chunk_size(config),
-            where=bounded(where) if isinstance(where, str) else None,
-            started_at=at,
-            finished_at=at,
-            error=bounded(str(exc), 2 * MAX_KEPT_TEXT),
-        )
-        return failed, reason
+        return failed_request(config, request_id, at, str(exc), where if isinstance(where, str) else None), reason
+
+
+def failed_request(
+    config: PollerConfig, request_id: Any, at: dt.datetime, error: str, where: str | None = None
+) -> SnapshotState:
+    """A refused request as the finished snapshot ``dbfanout status`` shows: what the state keeps
+    of it (the id, the condition, the reason) bounded, since every checkpoint carries it."""
+    return SnapshotState(
+        id=bounded(str(request_id), MAX_REQUEST_ID),
+        tables=(),
+        chunk_size=chunk_size(config),
+        where=bounded(where) if where is not None else None,
+        started_at=at,
+        finished_at=at,
+        error=bounded(error, 2 * MAX_KEPT_TEXT),
+    )
 
 
 def _apply(
