@@ -20,6 +20,9 @@ changes become rows; the signal table's rows of this poller are requests (the sn
 changes there) or a chunk's high watermark (its rows may go once the log is read to its end);
 every change read inside an open window drops its keys from the chunk. The snapshot's state rides
 on every position returned, into the checkpoint (with no row, on the page's ``advance``).
+
+Its size (a little over 400 lines) is the walk itself: the scan, the requests it reads and the
+chunks it emits share one scan state, and splitting them would thread that state through modules.
 """
 
 from __future__ import annotations

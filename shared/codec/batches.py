@@ -62,7 +62,8 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
     Values without a type tag are used as parsed (the pk and after objects are orjson's own
     dicts, not copies); only tagged values are converted. An event the fast path does not
     accept exactly as :func:`decode_event` would is handed to :func:`decode_event`, which decodes
-    it or raises its precise error.
+    it or raises its precise error. One loop, inlined on purpose (over ~60 lines): it runs once per
+    event a worker receives, and a call per field costs more than the rest of the decode.
     """
     out: list[RowChange] = []
     append = out.append
