@@ -31,7 +31,7 @@ from tests.poller.sources import test_types_mysql as my_types
 from tests.poller.sources import test_types_postgres as pg_types
 from tests.support.azurite import Azurite
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 PROBE = Path(__file__).with_name("types_probe.py")
 Rows = dict[int, dict[str, Any]]
