@@ -213,7 +213,8 @@ class Batch:
     read_at: dt.datetime | None = field(default=None, compare=False)
     traceparent: str | None = field(default=None, compare=False)
     # The poller's order epoch for every event of the batch (RowChange.epoch): bumped when its
-    # cursors went backwards; a page spanning two epochs is sent as two batches.
+    # cursors went backwards; a page spanning two epochs is sent as two batches. It travels in the
+    # envelope, and decoding gives it to each event (the poller's own events are not rebuilt for it).
     epoch: int = 0
 
 
