@@ -126,7 +126,7 @@ def _apply(conn: sa.Connection, event: RowChange, now: dt.datetime) -> None:
             sa.insert(TARGET).values(
                 poller=event.poller,
                 pk=key,
-                cursor=encode_cursor(event.cursor),
+                cursor=encode_cursor(event.cursor, event.epoch),
                 row=_row_json(event.after),
                 updated_at=now,
             )

@@ -91,7 +91,8 @@ class ClaimCheck:
         full = decode_event(stored, event.poller)
         if full.event_id != event.event_id:
             raise EnvelopeError(f"{where} holds event {full.event_id}, not {event.event_id}")
-        return full
+        # The epoch is the envelope's (the stored event never had one): keep the reference's.
+        return replace(full, epoch=event.epoch) if event.epoch else full
 
 
 def open_claim_check(config: Config) -> ClaimCheck:

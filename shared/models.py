@@ -178,6 +178,10 @@ class RowChange:
         committed_at: when the source committed the change, where it knows it (the transaction's
             commit time for pg_logical, the outbox row's ``created_at``, a cursor declared as the
             commit time); None otherwise. Used for the commit-to-handler latency metric.
+        epoch: the poller's order epoch when it sent the change (0 until its cursors first went
+            backwards: a failover to a server whose GTIDs sort lower, a promotion to a standby that
+            was behind, a replaced slot). Order changes of one key by ``(epoch, cursor)``, never by
+            ``cursor`` alone; :class:`worker.ordering.LatestVersions` does. 0 in older messages.
     """
 
     event_id: str
@@ -191,6 +195,7 @@ class RowChange:
     change: str | None = None
     table: str | None = None
     committed_at: dt.datetime | None = field(default=None, compare=False)  # telemetry, not identity
+    epoch: int = field(default=0, compare=False)  # order across cursor regressions, not identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +212,10 @@ class Batch:
     # the traceparent / Diagnostic-Id application properties).
     read_at: dt.datetime | None = field(default=None, compare=False)
     traceparent: str | None = field(default=None, compare=False)
+    # The poller's order epoch for every event of the batch (RowChange.epoch): bumped when its
+    # cursors went backwards; a page spanning two epochs is sent as two batches. It travels in the
+    # envelope, and decoding gives it to each event (the poller's own events are not rebuilt for it).
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

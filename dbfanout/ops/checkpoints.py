@@ -26,6 +26,7 @@ from azure.core.exceptions import ResourceExistsError
 from poller.lease.protocol import default_skew_margin
 from poller.ports import Snapshot
 from poller.state.blob import BlobStateStore, blob_errors
+from poller.tick.epochs import ORDER
 from shared.codec import decode_position, decode_snapshot, dumps, encode_state, loads
 from shared.errors import DbFanoutError, LostLeaseError
 from shared.logs import get_logger, ids
@@ -176,7 +177,7 @@ def plan_reset(
         position=position,
         last_successful_batch_id=snap.doc.checkpoint.last_successful_batch_id if snap and kind == "keep" else None,
         updated_at=now,
-        metadata={"reset": kind, "reset_at": now.isoformat(), "reset_by": operator},
+        metadata={"reset": kind, "reset_at": now.isoformat(), "reset_by": operator, **_order_of(snap)},
     )
     # The lease is left free, with the fencing token bumped: the operator's write counts as an owner.
     token = snap.doc.lease.fencing_token + 1 if snap else 0
@@ -187,6 +188,13 @@ def plan_reset(
         lease=Lease(owner_id=None, fencing_token=token),
     )
     return Plan("reset", store.poller_name, store.blob_name, snap.doc if snap else None, after, snap, notes)
+
+
+def _order_of(snap: Snapshot | None) -> dict[str, Any]:
+    """The order epoch the reset keeps: events after it must not sort before those sent already
+    (a position moved back starts the next epoch; see poller/tick/epochs.py)."""
+    order = snap.doc.checkpoint.metadata.get(ORDER) if snap is not None else None
+    return {ORDER: order} if order is not None else {}
 
 
 def plan_clone(

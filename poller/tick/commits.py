@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 from poller.lease.keeper import LeaseKeeper
 from poller.ports import SOURCE_NOTES, CountsPending, Page, Source
 from poller.tick.committer import Committer
+from poller.tick.epochs import ORDER, Order
 from poller.tick.stage import stage
 from shared.config import PollerConfig
 from shared.errors import CommitAmbiguousError, CommitError, DbFanoutError
@@ -47,24 +48,33 @@ class Commits:
         self.clock = clock
         self._cursor_tz = ZoneInfo(poller.cursor_timezone) if poller.cursor_timezone else None
 
-    def after(self, batch: Batch, page: Page, notes: Mapping[str, Any] | None = None) -> Checkpoint:
-        """The checkpoint past ``page`` (to write once the sink accepted it), with the source's notes."""
+    def after(
+        self, batch: Batch, page: Page, notes: Mapping[str, Any] | None = None, order: Order | None = None
+    ) -> Checkpoint:
+        """The checkpoint past ``page`` (to write once the sink accepted it), with the source's notes
+        and the order epoch after it."""
         end = page.end
         assert end is not None
         return Checkpoint(
             position=end,
             last_successful_batch_id=batch.batch_id,
             updated_at=self.clock(),
-            metadata={"row_count": len(page), **({SOURCE_NOTES: notes} if notes else {})},
+            metadata=_metadata(len(page), notes, order),
         )
 
-    def moved(self, keeper: LeaseKeeper, position: Position, notes: Mapping[str, Any] | None = None) -> Checkpoint:
+    def moved(
+        self,
+        keeper: LeaseKeeper,
+        position: Position,
+        notes: Mapping[str, Any] | None = None,
+        order: Order | None = None,
+    ) -> Checkpoint:
         """The checkpoint at ``position`` with no row sent (a source state change no row carries)."""
         return Checkpoint(
             position=position,
             last_successful_batch_id=keeper.checkpoint.last_successful_batch_id,
             updated_at=self.clock(),
-            metadata={"row_count": 0, **({SOURCE_NOTES: notes} if notes else {})},
+            metadata=_metadata(0, notes, order),
         )
 
     def commit(self, keeper: LeaseKeeper, checkpoint: Checkpoint) -> None:
@@ -176,3 +186,13 @@ class Commits:
                 keeper.commit(marked)
         except Exception as exc:  # the state is for status only: backing off does not depend on it
             log.warning("could not record the refusal in the state blob: %r", exc, extra=ids(poller=self.name))
+
+
+def _metadata(rows: int, notes: Mapping[str, Any] | None, order: Order | None) -> dict[str, Any]:
+    """A checkpoint's metadata: its page's rows, the source's notes and the order epoch (when set)."""
+    metadata: dict[str, Any] = {"row_count": rows}
+    if notes:
+        metadata[SOURCE_NOTES] = notes
+    if order is not None and (note := order.note()) is not None:
+        metadata[ORDER] = note
+    return metadata

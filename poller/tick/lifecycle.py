@@ -38,6 +38,7 @@ from poller.ports import SOURCE_NOTES, Page, Sink, Source, StateStore
 from poller.tick.backoff import RefusalBackoff, SinkRefusals
 from poller.tick.commits import Commits
 from poller.tick.committer import Committer
+from poller.tick.epochs import Order, page_batches
 from poller.tick.events import page_batch
 from poller.tick.prefetch import PageReader, Prefetcher, Sequential
 from poller.tick.stage import stage
@@ -146,10 +147,12 @@ def run_tick(
 @dataclass(slots=True)
 class _Drained:
     """Where one drain's pages stopped: the reason, the last accepted page's end, the source's notes,
-    a position an empty page still moves the checkpoint to (Page.advance), and the NULL cursors it skipped."""
+    the order epoch, a position an empty page still moves the checkpoint to (Page.advance), and the
+    NULL cursors it skipped."""
 
     position: Position | None
     notes: Mapping[str, Any]  # the source's notes every checkpoint carries on (Page.notes)
+    order: Order  # the epoch and last cursor sent (poller.tick.epochs), carried on the same way
     reason: StopReason = "max_batches"
     moved: Position | None = None
     nulls: int = 0
@@ -213,13 +216,16 @@ class Tick:
             name=f"committer-{self.name}",
         )
         checkpoint = keeper.checkpoint  # the next page starts after the last *accepted* one
-        drained = _Drained(checkpoint.position, checkpoint.metadata.get(SOURCE_NOTES) or {})
+        drained = _Drained(
+            checkpoint.position, checkpoint.metadata.get(SOURCE_NOTES) or {}, Order.of(checkpoint.metadata)
+        )
         pages = self._reader(drained.position)
         try:
             self._send_pages(pages, committer, drained, deadline)
             landed = committer.flush()
             if drained.moved is not None and drained.moved != drained.position:  # nothing to send: one write
-                self.commits.commit(keeper, self.commits.moved(keeper, drained.moved, drained.notes))
+                moved = self.commits.moved(keeper, drained.moved, drained.notes, drained.order)
+                self.commits.commit(keeper, moved)
         except Exception as failure:
             self.commits.land_accepted(committer, keeper, failure)
             raise
@@ -241,10 +247,15 @@ class Tick:
             if not len(page):
                 drained.moved, drained.reason = page.advance, "caught_up"
                 return
-            batch = page_batch(poller, self.fingerprint, page)
+            # One batch per order epoch the page spans (nearly always one), computed from the
+            # committed checkpoint's order on: a page read again gets the same epochs.
+            batches, drained.order = page_batches(
+                poller, self.fingerprint, page, page_batch(poller, self.fingerprint, page), drained.order
+            )
             committer.wait_for_room()  # at most max_uncommitted_batches sent ahead of the checkpoint
-            self.send(batch)
-            committer.submit(self.commits.after(batch, page, drained.notes), len(page))
+            for batch in batches:
+                self.send(batch)
+            committer.submit(self.commits.after(batches[-1], page, drained.notes, drained.order), len(page))
             drained.position = page.end
             if page.caught_up(poller.batch_size):
                 drained.reason = "caught_up"

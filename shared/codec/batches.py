@@ -27,13 +27,22 @@ def decode_batch(data: bytes | str) -> Batch:
     if not isinstance(events, list) or not events:
         raise EnvelopeError("events must be a non-empty list")
     traceparent = raw.get("traceparent")
+    # The order epoch: every event's (absent: 0). It orders changes, so a malformed one fails the message.
+    epoch = raw.get("epoch", 0)
+    if type(epoch) is not int or epoch < 0:
+        raise EnvelopeError(f"epoch must be a non-negative integer when present, got {epoch!r}")
+    decoded = decode_events(events, poller)
+    if epoch:
+        for event in decoded:  # each one just built by decode_events: set like its other slots
+            _set_epoch(event, epoch)
     return Batch(
         poller=poller,
         batch_id=batch_id,
         source_fingerprint=fingerprint,
-        events=decode_events(events, poller),
+        events=decoded,
         read_at=_optional_time(raw.get("read_at")),
         traceparent=traceparent if type(traceparent) is str else None,
+        epoch=epoch,
     )
 
 
@@ -53,6 +62,7 @@ _new_event = object.__new__
     _set_change,
     _set_table,
     _set_committed_at,
+    _set_epoch,
 ) = (getattr(RowChange, name).__set__ for name in RowChange.__slots__)
 
 
@@ -118,6 +128,7 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
         _set_table(event, table)
         committed = raw.get("committed_at")
         _set_committed_at(event, None if committed is None else _optional_time(committed))
+        _set_epoch(event, 0)  # the envelope's: decode_batch sets it
         append(event)
     return tuple(out)
 

@@ -58,6 +58,8 @@ def _envelope_extras(batch: Batch) -> dict[str, Any]:
         extras["read_at"] = _iso(batch.read_at)
     if batch.traceparent is not None:
         extras["traceparent"] = batch.traceparent
+    if batch.epoch:  # the order epoch (RowChange.epoch): absent while 0, so older bodies are unchanged
+        extras["epoch"] = batch.epoch
     return extras
 
 

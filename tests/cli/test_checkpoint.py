@@ -40,6 +40,19 @@ def test_reset_to_cursor_makes_the_next_tick_redeliver_from_that_point(workspace
     assert json.loads(audit_lines[-1])["action"] == "reset"
 
 
+def test_a_reset_to_an_earlier_position_keeps_the_order_so_its_redelivery_starts_a_new_epoch__issue_39(workspace):
+    # Given a poller that delivered rows 1..20 (version i for id i), all in epoch 0
+    workspace.source.upsert(range(1, 21))
+    assert {b.epoch for b in workspace.drain().accepted} == {0}
+    # When the operator resets it back to (version 12, id 12)
+    result = workspace.run("checkpoint", "reset", "orders", "--to-cursor", "12", "--pk", "id=12", "--yes")
+    assert result.exit_code == 0, result.output + result.stderr
+    # Then the redelivered rows come in epoch 1: "apply only if newer" applies them, not skips them as old
+    again = workspace.drain().accepted
+    assert sorted(e.pk["id"] for b in again for e in b.events) == list(range(13, 21))
+    assert {b.epoch for b in again} == {1}
+
+
 def test_reset_from_an_exported_file_restores_that_position(workspace):
     # Given an export taken after rows 1..5, then rows 6..9 delivered
     workspace.source.upsert(range(1, 6))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from shared import codec
 from shared.errors import EnvelopeError, SerializationError, StateFormatError
+from shared.messages import pack_batch
 from shared.models import Batch, Checkpoint, Lease, Lsn, Position, RowChange, SnapshotState, StateDoc
 
 offsets = st.integers(min_value=-14 * 60, max_value=14 * 60).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
@@ -309,3 +311,28 @@ def test_a_malformed_event_fails_the_batch_as_decoding_it_alone_does(raw: object
     with pytest.raises(EnvelopeError) as at_once:
         codec.decode_batch(body)
     assert str(at_once.value) == str(alone.value)
+
+
+def test_the_order_epoch_round_trips_on_the_envelope_and_is_absent_while_0__issue_39() -> None:
+    # Given a batch of two events (one tagged cursor, one plain), packed as the poller and the splitter pack it
+    events = (
+        RowChange("ev-1", "upsert", {"id": 1}, (Lsn(0x16B374D848), 0), {"id": 1}, "orders"),
+        RowChange("ev-2", "delete", {"id": 2}, 7, None, "orders", before={"id": 2}, change="delete"),
+    )
+    plain = Batch("orders", "batch-1", "sha256:x", events)
+    bumped = Batch("orders", "batch-1", "sha256:x", events, epoch=3)
+    for body in (codec.encode_batch(bumped), pack_batch(bumped, 256 * 1024)[0].body):
+        # When it has an epoch, Then the envelope carries it and every decoded event has it
+        assert codec.loads(body)["epoch"] == 3
+        again = codec.decode_batch(body)
+        assert again.epoch == 3 and [e.epoch for e in again.events] == [3, 3]
+        assert again.events == events  # the epoch is not the event's identity (its id does not change)
+    # And without one the body is exactly as before epochs existed, and reads as epoch 0
+    body = codec.encode_batch(plain)
+    assert "epoch" not in codec.loads(body) and body == codec.encode_batch(replace(bumped, epoch=0))
+    again = codec.decode_batch(body)
+    assert again.epoch == 0 and [e.epoch for e in again.events] == [0, 0]
+    # And a malformed epoch fails the message (it orders changes) instead of reading as 0
+    for wrong in ('"3"', "-1", "1.5", "true"):
+        with pytest.raises(EnvelopeError, match="epoch"):
+            codec.decode_batch(body.replace(b'{"schema"', b'{"epoch":' + wrong.encode() + b',"schema"', 1))

@@ -7,6 +7,7 @@ import queue
 import random
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, Literal
 
 import pytest
@@ -53,6 +54,34 @@ def test_stale_changes_are_skipped_and_a_delete_is_not_resurrected(
             raise RuntimeError("side effect failed")
         with engine.begin() as conn:
             assert [e.event_id for e in versions.newer(conn, [_event(8, 1, (50, 0))])] == ["ev-8"]
+    finally:
+        versions.table.drop(engine)
+
+
+def test_a_later_change_whose_cursor_regressed_in_a_new_epoch_is_applied__issue_39(
+    any_db_url: str, engine_for: Callable[[str], sa.Engine]
+) -> None:
+    engine = engine_for(any_db_url)
+    versions = LatestVersions(engine, unique_name("versions"))
+    uuid_a, uuid_b = "f0000000-0000-0000-0000-00000000000a", "10000000-0000-0000-0000-00000000000b"
+    try:
+        # Given key 1 updated on server A (GTID source id A sorts after B) and applied, in epoch 0
+        with engine.begin() as conn:
+            assert len(versions.newer(conn, [_event(1, 1, (uuid_a, 900, 0))])) == 1
+            # (stored as before epochs existed: its text has no epoch, and it reads as epoch 0)
+            assert versions.newer(conn, [_event(2, 1, (uuid_a, 899, 0))]) == []
+        # When after a failover server B's later changes arrive with lower cursors, in epoch 1,
+        # a batch holding both epochs of key 2 among them
+        later = [replace(_event(3, 1, (uuid_b, 5, 0)), epoch=1), replace(_event(4, 1, (uuid_b, 6, 0)), epoch=1)]
+        mixed = [replace(_event(5, 2, (uuid_b, 7, 0)), epoch=1), _event(6, 2, (uuid_a, 901, 0))]
+        with engine.begin() as conn:
+            applied = versions.newer(conn, later + mixed)
+        # Then the later ones are applied (the newest of each key): epoch first, then cursor
+        assert [e.event_id for e in applied] == ["ev-4", "ev-5"]
+        # And an epoch-0 change redelivered late is skipped, however high its cursor
+        with engine.begin() as conn:
+            assert versions.newer(conn, [_event(7, 1, (uuid_a, 999, 0))]) == []
+            assert versions.newer(conn, [replace(_event(8, 1, (uuid_b, 6, 1)), epoch=1)])[0].event_id == "ev-8"
     finally:
         versions.table.drop(engine)
 

@@ -14,7 +14,7 @@ from azure.storage.blob import BlobServiceClient, ContainerClient
 from shared.claimcheck import ClaimCheck, is_claim
 from shared.codec import decode_batch
 from shared.errors import EnvelopeError, HandlerError
-from shared.models import Batch
+from shared.models import Batch, RowChange
 from tests.support.azurite import Azurite
 from tests.worker.support import QUEUE, Handler, Sent, batch, delivery, event, event_ids, make_config, make_worker
 from worker.delivery import DeliveryInfo
@@ -173,6 +173,18 @@ def test_a_claim_is_resolved_before_the_handler_sees_it(container: ContainerClie
     worker = make_worker(lambda events, _ctx: seen.extend(events), resolve_claims=claims.resolve)
     assert worker.process(delivery(b)) is Settle.COMPLETE
     assert [len(str(e.after)) > 1_000_000 for e in seen] == [False, True, False]  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_a_resolved_claim_keeps_its_messages_order_epoch__issue_39(container: ContainerClient) -> None:
+    # Given a message of epoch 4 whose event 1 travels as a claim (the stored event has no epoch)
+    claims = ClaimCheck(container)
+    b = replace(_with_claim(claims, 1), epoch=4)
+    seen: list[RowChange] = []
+    worker = make_worker(lambda events, _ctx: seen.extend(events), resolve_claims=claims.resolve)
+    # When it is handled, Then every event the handler gets has the message's epoch, the resolved one too
+    assert worker.process(delivery(b)) is Settle.COMPLETE
+    assert [e.epoch for e in seen] == [4, 4, 4] and len(str(seen[1].after)) > 1_000_000
 
 
 @pytest.mark.integration
