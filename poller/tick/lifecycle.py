@@ -334,6 +334,7 @@ class Tick:
                 max_pages=poller.max_batches_per_tick,
                 pinned=self.source.pinned,
                 name=self.name,
+                reads_on=getattr(self.source, "reads_on", lambda _page: True),
             )
         return Sequential(self.fetch, first)
 

@@ -55,6 +55,7 @@ from poller.snapshot.postgres import ChunkReader, signal_sql
 from poller.snapshot.requests import signal_of
 from poller.sources.engines import db_errors, require_driver, source_engine
 from poller.sources.pg_logical.advance import SlotAdvancer, position_key, slot_status
+from poller.sources.pg_logical.ahead import TickBuffer
 from poller.sources.pg_logical.peek import Buffer, SlotReader
 from poller.sources.pg_logical.pgoutput import Change, Relation
 from poller.sources.pg_logical.publication import VIA_ROOT_SINCE, create_publication_sql, create_slot_sql
@@ -124,7 +125,8 @@ class PgLogicalSource:
         chunks = ChunkReader(config, self._engine)
         self._snapshots: SnapshotCoordinator[Change] = SnapshotCoordinator(config, self, chunks)
         self._guard = SlotGuard(config, self._engine, self._url, chunks.estimate, self._forget_log)
-        self._local = threading.local()  # pinned connection, this tick's buffer and last read, per thread
+        self._local = threading.local()  # pinned connection and last read, per thread
+        self._tick = TickBuffer()  # this tick's decoded changes, shared by the threads reading it (ahead.py)
         self._warned: set[str] = set()
         self._relations = Relations(config, self._warn_once)  # what is kept; unknown relations, truncates
         # Peeks, and a transaction larger than MAX_DECODED read once into a spool (poller.sources.pg_logical.spool).
@@ -136,6 +138,18 @@ class PgLogicalSource:
     @property
     def fingerprint(self) -> str:
         return self._fingerprint
+
+    @property
+    def prefetch_pages(self) -> bool:
+        """The tick may peek and decode the next pages while it sends these (poller.tick.prefetch):
+        a read moves nothing; the slot follows landed checkpoints only (see poller.sources.pg_logical.ahead)."""
+        return True
+
+    def reads_on(self, page: Page) -> bool:
+        """Whether the page after ``page`` may be read ahead: not while a snapshot runs (its chunk
+        reads write watermarks; they keep the timing a tick reading in turn gives them)."""
+        end = page.end
+        return end is None or end.snapshot is None or not end.snapshot.active
 
     def fetch(self, after: Position | None, limit: int) -> Page:
         try:
@@ -153,13 +167,15 @@ class PgLogicalSource:
     @contextmanager
     def pinned(self) -> Iterator[None]:
         """One connection and one decoded buffer for a tick's fetches (the slot does not move meanwhile)."""
-        self._local.pinning, self._local.conn, self._local.buffer = True, None, None
-        self._guard.new_tick()
+        self._local.pinning, self._local.conn = True, None
+        if self._tick.enter():  # the tick's own pin; a reader thread's goes on from the tick's buffer
+            self._guard.new_tick()
         try:
             yield
         finally:
             conn = self._local.conn
-            self._local.pinning, self._local.conn, self._local.buffer = False, None, None
+            self._local.pinning, self._local.conn = False, None
+            self._tick.leave()
             if conn is not None:
                 with suppress(sa.exc.SQLAlchemyError):
                     conn.close()
@@ -245,17 +261,17 @@ class PgLogicalSource:
         """Up to ``want`` changes after ``after``: from this tick's buffer, the spool, or a peek."""
         pinning = getattr(self._local, "pinning", False)
         buffer, start = self._slot_reader.read(
-            conn, after, want, self._local.buffer if pinning else None, self.MAX_DECODED
+            conn, after, want, self._tick.buffer if pinning else None, self.MAX_DECODED
         )
         if pinning:
-            self._local.buffer = buffer
+            self._tick.buffer = buffer
         picked = buffer.changes[start : start + want]
         to_end = start + len(picked) == len(buffer.changes)
         self._local.read = (buffer, to_end)  # the last read of the fetch: see _hint
         return LogRead(picked, buffer.exhausted and to_end)
 
     def reread(self) -> None:
-        self._local.buffer = None
+        self._tick.buffer = None
 
     def signal(self, change: Change) -> Signal | None:
         return signal_of(change.new, self._config.name)
@@ -335,7 +351,7 @@ class PgLogicalSource:
 
     def _forget_log(self) -> None:
         """The slot was replaced: what was read of the old one (buffer, chunks, hints) is void."""
-        self._local.buffer = None
+        self._tick.buffer = None
         self._snapshots.forget()
         self._advancer.clear()
 
