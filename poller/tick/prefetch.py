@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -58,6 +59,10 @@ class Prefetcher(PageReader):
     it says no (a pg_logical snapshot runs: its chunk reads write watermarks, and their timing
     against the pages' sends is the one a sequential tick has), the thread stops and the taker
     reads the rest of the drain's pages itself, in order.
+
+    ``deadline`` (on ``clock``): the thread starts no read after it, and hands the reading back
+    the same way: the tick stops at about that time, and a read in flight then would hold the
+    tick's end (its :meth:`close`) until it returned.
     """
 
     def __init__(
@@ -70,7 +75,10 @@ class Prefetcher(PageReader):
         pinned: Callable[[], AbstractContextManager[None]],
         name: str,
         reads_on: Callable[[Page], bool] = lambda _page: True,
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._deadline, self._clock = deadline, clock
         self._fetch, self._first, self._limit, self._max_pages, self._pinned = fetch, first, limit, max_pages, pinned
         self._reads_on = reads_on
         self._handed_back: Position | None = None  # where the taker reads on, once the thread stopped by choice
@@ -91,6 +99,10 @@ class Prefetcher(PageReader):
                 position = after
                 for _ in range(self._max_pages - 1):
                     if self._stop.is_set():
+                        return
+                    if self._deadline is not None and self._clock() >= self._deadline:
+                        self._handed_back = position  # past the tick's deadline: the taker reads on, if at all
+                        self._put(_HAND_BACK)
                         return
                     page = self._fetch(position)
                     if not self._reads_on(page):

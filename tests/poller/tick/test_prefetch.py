@@ -135,3 +135,21 @@ def test_a_page_that_must_not_be_read_past_ahead_hands_the_reading_back_to_the_t
     first_here, threads = stop_after // LIMIT, table.read_threads
     assert threads[first_here:] == [taker] * (5 - first_here)
     assert set(threads[1:first_here]) <= {"prefetch-t"}
+
+
+def test_past_its_deadline_the_reader_starts_no_read_and_the_taker_reads_on() -> None:
+    # Given a reader whose tick's deadline passes after the first page
+    table = Table(rows=14)
+    now = [0.0]
+    reader = Prefetcher(table.fetch, None, limit=LIMIT, max_pages=100, pinned=table.pinned, name="t",
+                        deadline=1.0, clock=lambda: now[0])  # fmt: skip
+    try:
+        now[0] = 2.0
+        # When the tick still takes pages (a last page past the deadline)
+        pages = [_ids(reader.next()) for _ in range(3)]
+    finally:
+        reader.close()
+    # Then they come in order, each read once, all on the taker's thread (no read was in flight at the end)
+    assert pages == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert table.reads == [0, 3, 6]
+    assert set(table.read_threads) == {threading.current_thread().name}
