@@ -127,6 +127,9 @@ class PgLogicalSource:
         self._guard = SlotGuard(config, self._engine, self._url, chunks.estimate, self._forget_log)
         self._local = threading.local()  # pinned connection and last read, per thread
         self._tick = TickBuffer()  # this tick's decoded changes, shared by the threads reading it (ahead.py)
+        # The last checkpoint that landed, and the last the slot was moved to within a tick (see _landed_first).
+        self._landed_key: tuple[int, int] | None = None
+        self._advanced_key: tuple[int, int] | None = None
         self._warned: set[str] = set()
         self._relations = Relations(config, self._warn_once)  # what is kept; unknown relations, truncates
         # Peeks, and a transaction larger than MAX_DECODED read once into a spool (poller.sources.pg_logical.spool).
@@ -186,6 +189,14 @@ class PgLogicalSource:
         key = _key(checkpoint.position)
         self._relations.landed(key)
         self._advancer.advance(key)
+
+    def landed(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint write landed (the tick's committer thread): the next peek of this tick may
+        move the slot to it first (:meth:`_landed_first`); not while a snapshot runs (its chunks
+        are read in the fetch's transaction: the tick's end moves the slot then)."""
+        position = checkpoint.position
+        active = position is not None and position.snapshot is not None and position.snapshot.active
+        self._landed_key = None if active else _key(position)
 
     def close(self) -> None:
         """Stop the read-ahead thread; the engine is shared per URL
@@ -261,7 +272,7 @@ class PgLogicalSource:
         """Up to ``want`` changes after ``after``: from this tick's buffer, the spool, or a peek."""
         pinning = getattr(self._local, "pinning", False)
         buffer, start = self._slot_reader.read(
-            conn, after, want, self._tick.buffer if pinning else None, self.MAX_DECODED
+            conn, after, want, self._tick.buffer if pinning else None, self.MAX_DECODED, self._landed_first
         )
         if pinning:
             self._tick.buffer = buffer
@@ -269,6 +280,17 @@ class PgLogicalSource:
         to_end = start + len(picked) == len(buffer.changes)
         self._local.read = (buffer, to_end)  # the last read of the fetch: see _hint
         return LogRead(picked, buffer.exhausted and to_end)
+
+    def _landed_first(self, conn: sa.Connection) -> None:
+        """Before a peek within a tick: the slot moves to the last landed checkpoint, so the peek does
+        not decode again what the tick sent already (not with a spool: the tick's end decides then)."""
+        key = self._landed_key
+        if key is None or not getattr(self._local, "pinning", False) or self._slot_reader.spool is not None:
+            return
+        if self._advanced_key is not None and key <= self._advanced_key:
+            return
+        self._advancer.advance_within(conn, key)
+        self._advanced_key = key
 
     def reread(self) -> None:
         self._tick.buffer = None
