@@ -114,6 +114,9 @@ class Commits:
         lag = self._lag_seconds(checkpoint, now)
         if lag is not None:
             metrics.lag_seconds.record(lag, attrs)
+        landed = getattr(self.source, "landed", None)
+        if callable(landed):  # a log source may free what the write covers before the tick ends
+            landed(checkpoint)
 
     def acknowledge(self, checkpoint: Checkpoint) -> None:
         """Tell the source what landed (it may prune or advance; before the first checkpoint too:

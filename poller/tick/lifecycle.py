@@ -56,8 +56,10 @@ log = get_logger("poller.tick")
 StopReason = Literal["caught_up", "max_batches", "time_budget", "lease_held", "lease_lost", "sink_refusing"]
 
 #: A lingering tick ends this long before the timer's next occurrence (seconds): a timer whose
-#: function still runs when it is due skips that occurrence.
-LINGER_MARGIN = 0.1
+#: function still runs when it is due skips that occurrence. A tick's end after its last page
+#: (the last commit, the reader thread's join, the slot's advance) took 50-140 ms on a busy
+#: two-core host (issue 41), and each miss costs a whole period without a tick.
+LINGER_MARGIN = 0.25
 #: An idle linger polls at most this many times less often than ``poll_interval_ms``.
 IDLE_BACKOFF = 4
 #: The drains a linger follows: caught up, or stopped at ``max_batches_per_tick`` with more to
@@ -207,7 +209,8 @@ class Tick:
         """Fetch, send and commit pages until caught up, out of pages or out of time (the time
         budget, or ``until``: a lingering tick's end, so a long drain does not run into the timer's
         next occurrence, which the host would skip)."""
-        deadline = self.monotonic() + self.poller.time_budget_seconds
+        began = self.monotonic()
+        deadline = began + self.poller.time_budget_seconds
         if until is not None:
             deadline = min(deadline, until)
         committer: Committer[Checkpoint] = Committer(
@@ -219,9 +222,9 @@ class Tick:
         drained = _Drained(
             checkpoint.position, checkpoint.metadata.get(SOURCE_NOTES) or {}, Order.of(checkpoint.metadata)
         )
-        pages = self._reader(drained.position)
+        pages = self._reader(drained.position, deadline)
         try:
-            self._send_pages(pages, committer, drained, deadline)
+            self._send_pages(pages, committer, drained, deadline, began)
             landed = committer.flush()
             if drained.moved is not None and drained.moved != drained.position:  # nothing to send: one write
                 moved = self.commits.moved(keeper, drained.moved, drained.notes, drained.order)
@@ -235,10 +238,14 @@ class Tick:
         return TickResult(self.name, drained.reason, landed.rows, landed.batches, keeper.fencing_token, drained.nulls)
 
     def _send_pages(
-        self, pages: PageReader, committer: Committer[Checkpoint], drained: _Drained, deadline: float
+        self, pages: PageReader, committer: Committer[Checkpoint], drained: _Drained, deadline: float, began: float
     ) -> None:
-        """The drain's loop: fetch a page, send it, submit its checkpoint (``drained`` says where it stopped)."""
-        poller = self.poller
+        """The drain's loop: fetch a page, send it, submit its checkpoint (``drained`` says where it stopped).
+
+        It starts no page it expects to end past ``deadline`` (the last page's time as the guess): a
+        lingering tick that ends after the timer's next occurrence makes the host skip that
+        occurrence, a second without a tick (issue 41)."""
+        poller, last = self.poller, began
         for _ in range(poller.max_batches_per_tick):
             page = pages.next()
             drained.nulls = max(drained.nulls, page.skipped_null_cursors)
@@ -260,9 +267,11 @@ class Tick:
             if page.caught_up(poller.batch_size):
                 drained.reason = "caught_up"
                 return
-            if self.monotonic() >= deadline:
+            now = self.monotonic()
+            if now + (now - last) >= deadline:
                 drained.reason = "time_budget"
                 return
+            last = now
 
     def drain_or_back_off(self, keeper: LeaseKeeper, until: float | None) -> TickResult:
         """A :meth:`drain`; in a lingering tick (``until`` set) a refusing broker is waited out
@@ -333,7 +342,7 @@ class Tick:
             return not self.stop.wait(interval)
         return self.waker.wait(min(remaining, 1.0)) and not self.stop.is_set()
 
-    def _reader(self, first: Position | None) -> PageReader:
+    def _reader(self, first: Position | None, deadline: float) -> PageReader:
         """Pages read one ahead on their own thread where the source allows it (keyset queries, no
         side effects) and the poller does not ask for the strict order (max_uncommitted_batches = 1)."""
         poller = self.poller
@@ -345,6 +354,9 @@ class Tick:
                 max_pages=poller.max_batches_per_tick,
                 pinned=self.source.pinned,
                 name=self.name,
+                reads_on=getattr(self.source, "reads_on", lambda _page: True),
+                deadline=deadline,
+                clock=self.monotonic,
             )
         return Sequential(self.fetch, first)
 

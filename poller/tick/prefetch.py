@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -18,6 +19,8 @@ from poller.ports import Page
 from shared.models import Position
 
 __all__ = ["PageReader", "Prefetcher", "Sequential"]
+
+_HAND_BACK = object()  # the thread stopped reading ahead: the taker reads on (Prefetcher's reads_on)
 
 
 class PageReader:
@@ -51,6 +54,15 @@ class Prefetcher(PageReader):
 
     It stops after a short page (caught up), as the tick does. A fetch error is raised by the
     :meth:`next` that would have returned that page.
+
+    ``reads_on(page)``: whether the page after ``page`` may be read ahead (default: always). When
+    it says no (a pg_logical snapshot runs: its chunk reads write watermarks, and their timing
+    against the pages' sends is the one a sequential tick has), the thread stops and the taker
+    reads the rest of the drain's pages itself, in order.
+
+    ``deadline`` (on ``clock``): the thread starts no read after it, and hands the reading back
+    the same way: the tick stops at about that time, and a read in flight then would hold the
+    tick's end (its :meth:`close`) until it returned.
     """
 
     def __init__(
@@ -62,9 +74,16 @@ class Prefetcher(PageReader):
         max_pages: int,
         pinned: Callable[[], AbstractContextManager[None]],
         name: str,
+        reads_on: Callable[[Page], bool] = lambda _page: True,
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._deadline, self._clock = deadline, clock
         self._fetch, self._first, self._limit, self._max_pages, self._pinned = fetch, first, limit, max_pages, pinned
-        self._pages: queue.Queue[Page | BaseException] = queue.Queue(maxsize=1)
+        self._reads_on = reads_on
+        self._handed_back: Position | None = None  # where the taker reads on, once the thread stopped by choice
+        self._taker_reads = False
+        self._pages: queue.Queue[Page | BaseException | object] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._name = name
         self._thread: threading.Thread | None = None
@@ -81,14 +100,23 @@ class Prefetcher(PageReader):
                 for _ in range(self._max_pages - 1):
                     if self._stop.is_set():
                         return
+                    if self._deadline is not None and self._clock() >= self._deadline:
+                        self._handed_back = position  # past the tick's deadline: the taker reads on, if at all
+                        self._put(_HAND_BACK)
+                        return
                     page = self._fetch(position)
-                    if not self._put(page) or page.caught_up(self._limit):
+                    if not self._reads_on(page):
+                        self._handed_back = page.end  # set before the put: the taker reads on from it
+                    if not self._put(page) or page.caught_up(self._limit) or not len(page):
+                        return  # caught up, or an empty page (the tick stops at it: it only moves the checkpoint)
+                    if self._handed_back is not None:
+                        self._put(_HAND_BACK)  # the taker reads the next page itself
                         return
                     position = page.end
         except BaseException as exc:  # handed to the taker, which raises it in the tick's thread
             self._put(exc)
 
-    def _put(self, item: Page | BaseException) -> bool:
+    def _put(self, item: Page | BaseException | object) -> bool:
         while not self._stop.is_set():
             try:
                 self._pages.put(item, timeout=0.05)
@@ -102,9 +130,14 @@ class Prefetcher(PageReader):
             # The first page on the taker's thread: an idle tick (a short first page) starts no thread.
             self._started = True
             page = self._fetch(self._first)
-            if not page.caught_up(self._limit) and self._max_pages > 1:
-                self._start(page.end)
+            if not page.caught_up(self._limit) and len(page) and self._max_pages > 1:
+                if self._reads_on(page):
+                    self._start(page.end)
+                else:
+                    self._taker_reads, self._handed_back = True, page.end
             return page
+        if self._taker_reads:
+            return self._read_here()
         while True:
             if self._thread is None:
                 raise RuntimeError("the page reader stopped before the tick asked for its last page")
@@ -116,7 +149,17 @@ class Prefetcher(PageReader):
                 continue
             if isinstance(item, BaseException):
                 raise item
+            if item is _HAND_BACK:
+                self._taker_reads = True  # the thread stopped by choice after its last page
+                return self._read_here()
+            assert isinstance(item, Page)
             return item
+
+    def _read_here(self) -> Page:
+        """The next page on the taker's thread (after the thread handed the reading back)."""
+        page = self._fetch(self._handed_back)
+        self._handed_back = page.end if len(page) else self._handed_back
+        return page
 
     def close(self) -> None:
         self._stop.set()

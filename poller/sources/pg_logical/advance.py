@@ -126,6 +126,15 @@ class SlotAdvancer:
     def clear(self) -> None:
         self._hints.clear()
 
+    def advance_within(self, conn: sa.Connection, key: Key) -> None:
+        """Mid-tick, on the reading thread: move the slot as far as a landed checkpoint at ``key``
+        allows, before a peek (issue 41: a peek decodes from the slot's position, so within a
+        long tick each peek would decode again every change the tick already sent). The hints of
+        later pages stay for the tick's own :meth:`advance`."""
+        target = self._hints.get(key, Lsn(key[0]))
+        conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
+        conn.commit()
+
     def advance(self, key: Key | None) -> None:
         """Move the slot as far as a landed checkpoint at ``key`` allows (best effort: the next tick
         tries again); record the WAL it still retains."""

@@ -108,19 +108,27 @@ class SlotReader:
         return self._spool
 
     def read(
-        self, conn: sa.Connection, after: tuple[int, int] | None, limit: int, buffer: Buffer | None, keep: int
+        self,
+        conn: sa.Connection,
+        after: tuple[int, int] | None,
+        limit: int,
+        buffer: Buffer | None,
+        keep: int,
+        before_peek: Callable[[sa.Connection], None] = lambda _conn: None,
     ) -> tuple[Buffer, int]:
         """This tick's decoded changes, and where those after ``after`` start in them (peeks as needed).
 
         A buffer read to the end of the log is still whole while the log's flush position has
         not moved since its peek (a peek decodes only flushed WAL): then no peek is needed, which
         keeps a tick that pages a snapshot chunk out of memory from reading the slot for nothing.
-        ``buffer``: the tick's last one (None: none kept); ``keep``: changes a peek decodes at most.
+        ``buffer``: the tick's last one (None: none kept); ``keep``: changes a peek decodes at most;
+        ``before_peek``: run before the log is peeked (the source moves the slot to what landed).
         """
         if buffer is None or len(buffer.changes) - after_index(buffer, after) < limit:
             spooled = self._spooled(conn, after, limit, keep)
             if spooled is not None:
                 return spooled, after_index(spooled, after)
+            before_peek(conn)
             flushed = Lsn.parse(conn.execute(_FLUSH).scalar_one())  # before the peek: see Buffer.flushed
             if buffer is not None and buffer.exhausted and flushed == buffer.flushed:
                 return buffer, after_index(buffer, after)

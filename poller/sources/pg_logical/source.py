@@ -55,6 +55,7 @@ from poller.snapshot.postgres import ChunkReader, signal_sql
 from poller.snapshot.requests import signal_of
 from poller.sources.engines import db_errors, require_driver, source_engine
 from poller.sources.pg_logical.advance import SlotAdvancer, position_key, slot_status
+from poller.sources.pg_logical.ahead import TickBuffer
 from poller.sources.pg_logical.peek import Buffer, SlotReader
 from poller.sources.pg_logical.pgoutput import Change, Relation
 from poller.sources.pg_logical.publication import VIA_ROOT_SINCE, create_publication_sql, create_slot_sql
@@ -124,7 +125,11 @@ class PgLogicalSource:
         chunks = ChunkReader(config, self._engine)
         self._snapshots: SnapshotCoordinator[Change] = SnapshotCoordinator(config, self, chunks)
         self._guard = SlotGuard(config, self._engine, self._url, chunks.estimate, self._forget_log)
-        self._local = threading.local()  # pinned connection, this tick's buffer and last read, per thread
+        self._local = threading.local()  # pinned connection and last read, per thread
+        self._tick = TickBuffer()  # this tick's decoded changes, shared by the threads reading it (ahead.py)
+        # The last checkpoint that landed, and the last the slot was moved to within a tick (see _landed_first).
+        self._landed_key: tuple[int, int] | None = None
+        self._advanced_key: tuple[int, int] | None = None
         self._warned: set[str] = set()
         self._relations = Relations(config, self._warn_once)  # what is kept; unknown relations, truncates
         # Peeks, and a transaction larger than MAX_DECODED read once into a spool (poller.sources.pg_logical.spool).
@@ -136,6 +141,18 @@ class PgLogicalSource:
     @property
     def fingerprint(self) -> str:
         return self._fingerprint
+
+    @property
+    def prefetch_pages(self) -> bool:
+        """The tick may peek and decode the next pages while it sends these (poller.tick.prefetch):
+        a read moves nothing; the slot follows landed checkpoints only (see poller.sources.pg_logical.ahead)."""
+        return True
+
+    def reads_on(self, page: Page) -> bool:
+        """Whether the page after ``page`` may be read ahead: not while a snapshot runs (its chunk
+        reads write watermarks; they keep the timing a tick reading in turn gives them)."""
+        end = page.end
+        return end is None or end.snapshot is None or not end.snapshot.active
 
     def fetch(self, after: Position | None, limit: int) -> Page:
         try:
@@ -153,13 +170,15 @@ class PgLogicalSource:
     @contextmanager
     def pinned(self) -> Iterator[None]:
         """One connection and one decoded buffer for a tick's fetches (the slot does not move meanwhile)."""
-        self._local.pinning, self._local.conn, self._local.buffer = True, None, None
-        self._guard.new_tick()
+        self._local.pinning, self._local.conn = True, None
+        if self._tick.enter():  # the tick's own pin; a reader thread's goes on from the tick's buffer
+            self._guard.new_tick()
         try:
             yield
         finally:
             conn = self._local.conn
-            self._local.pinning, self._local.conn, self._local.buffer = False, None, None
+            self._local.pinning, self._local.conn = False, None
+            self._tick.leave()
             if conn is not None:
                 with suppress(sa.exc.SQLAlchemyError):
                     conn.close()
@@ -170,6 +189,14 @@ class PgLogicalSource:
         key = _key(checkpoint.position)
         self._relations.landed(key)
         self._advancer.advance(key)
+
+    def landed(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint write landed (the tick's committer thread): the next peek of this tick may
+        move the slot to it first (:meth:`_landed_first`); not while a snapshot runs (its chunks
+        are read in the fetch's transaction: the tick's end moves the slot then)."""
+        position = checkpoint.position
+        active = position is not None and position.snapshot is not None and position.snapshot.active
+        self._landed_key = None if active else _key(position)
 
     def close(self) -> None:
         """Stop the read-ahead thread; the engine is shared per URL
@@ -245,17 +272,28 @@ class PgLogicalSource:
         """Up to ``want`` changes after ``after``: from this tick's buffer, the spool, or a peek."""
         pinning = getattr(self._local, "pinning", False)
         buffer, start = self._slot_reader.read(
-            conn, after, want, self._local.buffer if pinning else None, self.MAX_DECODED
+            conn, after, want, self._tick.buffer if pinning else None, self.MAX_DECODED, self._landed_first
         )
         if pinning:
-            self._local.buffer = buffer
+            self._tick.buffer = buffer
         picked = buffer.changes[start : start + want]
         to_end = start + len(picked) == len(buffer.changes)
         self._local.read = (buffer, to_end)  # the last read of the fetch: see _hint
         return LogRead(picked, buffer.exhausted and to_end)
 
+    def _landed_first(self, conn: sa.Connection) -> None:
+        """Before a peek within a tick: the slot moves to the last landed checkpoint, so the peek does
+        not decode again what the tick sent already (not with a spool: the tick's end decides then)."""
+        key = self._landed_key
+        if key is None or not getattr(self._local, "pinning", False) or self._slot_reader.spool is not None:
+            return
+        if self._advanced_key is not None and key <= self._advanced_key:
+            return
+        self._advancer.advance_within(conn, key)
+        self._advanced_key = key
+
     def reread(self) -> None:
-        self._local.buffer = None
+        self._tick.buffer = None
 
     def signal(self, change: Change) -> Signal | None:
         return signal_of(change.new, self._config.name)
@@ -335,7 +373,7 @@ class PgLogicalSource:
 
     def _forget_log(self) -> None:
         """The slot was replaced: what was read of the old one (buffer, chunks, hints) is void."""
-        self._local.buffer = None
+        self._tick.buffer = None
         self._snapshots.forget()
         self._advancer.clear()
 

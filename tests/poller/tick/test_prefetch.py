@@ -24,11 +24,13 @@ class Table:
         self.reads: list[int | None] = []
         self.threads: set[str] = set()
         self.pinned_threads: set[str] = set()
+        self.read_threads: list[str] = []  # per read, in order
 
     def fetch(self, after: Position | None) -> Page:
         start = 0 if after is None else after.pk["id"]
         self.reads.append(start)
         self.threads.add(threading.current_thread().name)
+        self.read_threads.append(threading.current_thread().name)
         if self.fail_after is not None and start >= self.fail_after:
             raise ConnectionError(f"database gone at {start}")
         ids = range(start + 1, min(start + LIMIT, self.rows) + 1)
@@ -113,3 +115,41 @@ def test_sequential_reads_each_page_when_asked() -> None:
     assert _ids(reader.next()) == [1, 2, 3] and table.reads == [0]
     assert _ids(reader.next()) == [4, 5] and table.reads == [0, 3]
     assert table.threads == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("stop_after", [3, 6], ids=["after-the-first-page", "after-a-read-ahead-page"])
+def test_a_page_that_must_not_be_read_past_ahead_hands_the_reading_back_to_the_taker(stop_after: int) -> None:
+    # Given a source whose pages after id ``stop_after`` must be read in turn (a pg_logical snapshot runs)
+    table = Table(rows=14)
+    reader = Prefetcher(table.fetch, None, limit=LIMIT, max_pages=100, pinned=table.pinned, name="t",
+                        reads_on=lambda page: page.rows[-1].values["id"] < stop_after)  # fmt: skip
+    taker = threading.current_thread().name
+    try:
+        # When the tick takes every page
+        pages = [_ids(reader.next()) for _ in range(5)]
+    finally:
+        reader.close()
+    # Then they come in order, each read once, and the ones after the stop on the taker's thread
+    assert pages == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12], [13, 14]]
+    assert table.reads == [0, 3, 6, 9, 12]
+    first_here, threads = stop_after // LIMIT, table.read_threads
+    assert threads[first_here:] == [taker] * (5 - first_here)
+    assert set(threads[1:first_here]) <= {"prefetch-t"}
+
+
+def test_past_its_deadline_the_reader_starts_no_read_and_the_taker_reads_on() -> None:
+    # Given a reader whose tick's deadline passes after the first page
+    table = Table(rows=14)
+    now = [0.0]
+    reader = Prefetcher(table.fetch, None, limit=LIMIT, max_pages=100, pinned=table.pinned, name="t",
+                        deadline=1.0, clock=lambda: now[0])  # fmt: skip
+    try:
+        now[0] = 2.0
+        # When the tick still takes pages (a last page past the deadline)
+        pages = [_ids(reader.next()) for _ in range(3)]
+    finally:
+        reader.close()
+    # Then they come in order, each read once, all on the taker's thread (no read was in flight at the end)
+    assert pages == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert table.reads == [0, 3, 6]
+    assert set(table.read_threads) == {threading.current_thread().name}
