@@ -26,7 +26,7 @@ from shared.models import SnapshotState
 from shared.settings import StorageConnection
 from tests.conftest import FULL
 from tests.host.app_support import AppDir, HostProcess, Target, wait_for
-from tests.poller.mysql_binlog_support import binlog_tables
+from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables
 from tests.support.azurite import Azurite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,23 +60,34 @@ class Writer(threading.Thread):
             self.error = exc
 
 
+def binlog_app(
+    tmp_path: Path, azurite: Azurite, servicebus: Emulator, tables: BinlogTables, prefix: str, settings: str
+) -> tuple[AppDir, str, Any]:
+    """A ``dbfanout run`` app whose poller ``orders`` reads ``tables``' first table from the binlog
+    into a fresh queue (``settings``: more TOML lines of the poller); the app, the queue, its state store."""
+    queue = unique_queue(servicebus, prefix, requires_duplicate_detection=True, lock_duration="PT30S")
+    app = AppDir.create(
+        tmp_path / "app", queue=queue, storage=azurite.connection_string,
+        servicebus=servicebus.connection_string, source_url=tables.url,
+    )  # fmt: skip
+    (app.root / "dbfanout.toml").write_text(
+        f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "mysql_binlog"\n'
+        f'source_url = "${{ORDERS_DB_URL}}"\ntables = ["{tables.name}"]\n{settings}'
+        f'lease_ttl_seconds = 10\nschedule = "*/1 * * * * *"\n'
+        f'queue = "{queue}"\nhandler = "handlers.example:handle"\n'
+    )
+    store = open_state_store(
+        StorageConnection(connection_string=azurite.connection_string), "db-state", app.app_name, "orders"
+    )
+    return app, queue, store
+
+
 def test_a_binlog_poller_under_dbfanout_run_with_a_kill_rebuilds_the_source(
     tmp_path: Path, azurite: Azurite, servicebus: Emulator, mysql_binlog_url: str
 ) -> None:
     with binlog_tables(mysql_binlog_url) as tables:
-        queue = unique_queue(servicebus, "binlog", requires_duplicate_detection=True, lock_duration="PT30S")
-        app = AppDir.create(
-            tmp_path / "app", queue=queue, storage=azurite.connection_string,
-            servicebus=servicebus.connection_string, source_url=tables.url,
-        )  # fmt: skip
-        (app.root / "dbfanout.toml").write_text(
-            f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "mysql_binlog"\n'
-            f'source_url = "${{ORDERS_DB_URL}}"\ntables = ["{tables.name}"]\nbatch_size = 50\n'
-            f'max_batches_per_tick = 20\nlease_ttl_seconds = 10\nschedule = "*/1 * * * * *"\n'
-            f'queue = "{queue}"\nhandler = "handlers.example:handle"\n'
-        )
-        store = open_state_store(
-            StorageConnection(connection_string=azurite.connection_string), "db-state", app.app_name, "orders"
+        app, queue, store = binlog_app(
+            tmp_path, azurite, servicebus, tables, "binlog", "batch_size = 50\nmax_batches_per_tick = 20\n"
         )
 
         def checkpointed() -> bool:

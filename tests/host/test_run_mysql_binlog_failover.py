@@ -17,12 +17,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.state.blob import open_state_store
 from poller.tick.epochs import Order
 from sbemulator import Emulator
-from sbemulator.testing import unique_queue
-from shared.settings import StorageConnection
-from tests.host.app_support import AppDir, HostProcess, Target, wait_for
+from tests.host.app_support import HostProcess, Target, wait_for
+from tests.host.test_run_mysql_binlog import binlog_app
 from tests.poller.mysql_binlog_support import BinlogTables, binlog_tables
 from tests.support.azurite import Azurite
 
@@ -48,20 +46,7 @@ def test_later_changes_with_lower_cursors_after_a_failover_are_applied__issue_39
     tmp_path: Path, azurite: Azurite, servicebus: Emulator, mysql_binlog_url: str
 ) -> None:
     with binlog_tables(mysql_binlog_url) as tables:
-        queue = unique_queue(servicebus, "failover", requires_duplicate_detection=True, lock_duration="PT30S")
-        app = AppDir.create(
-            tmp_path / "app", queue=queue, storage=azurite.connection_string,
-            servicebus=servicebus.connection_string, source_url=tables.url,
-        )  # fmt: skip
-        (app.root / "dbfanout.toml").write_text(
-            f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "mysql_binlog"\n'
-            f'source_url = "${{ORDERS_DB_URL}}"\ntables = ["{tables.name}"]\nbatch_size = 4\n'
-            f'lease_ttl_seconds = 10\nschedule = "*/1 * * * * *"\n'
-            f'queue = "{queue}"\nhandler = "handlers.example:handle"\n'
-        )
-        store = open_state_store(
-            StorageConnection(connection_string=azurite.connection_string), "db-state", app.app_name, "orders"
-        )
+        app, queue, store = binlog_app(tmp_path, azurite, servicebus, tables, "failover", "batch_size = 4\n")
 
         def checkpoint_metadata() -> dict[str, Any]:
             snap = store.load()

@@ -16,13 +16,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from poller.state.blob import open_state_store
 from sbemulator import Emulator
-from sbemulator.testing import unique_queue
-from shared.settings import StorageConnection
 from tests.conftest import FULL
-from tests.host.app_support import AppDir, HostProcess, Target, wait_for
-from tests.host.test_run_mysql_binlog import Writer
+from tests.host.app_support import HostProcess, Target, wait_for
+from tests.host.test_run_mysql_binlog import Writer, binlog_app
 from tests.poller.mysql_binlog_support import binlog_tables
 from tests.support.azurite import Azurite
 
@@ -69,19 +66,8 @@ def test_xa_transactions_under_dbfanout_run_with_a_kill_rebuild_the_source(
     tmp_path: Path, azurite: Azurite, servicebus: Emulator, mysql_binlog_url: str
 ) -> None:
     with binlog_tables(mysql_binlog_url) as tables:
-        queue = unique_queue(servicebus, "binlogxa", requires_duplicate_detection=True, lock_duration="PT30S")
-        app = AppDir.create(
-            tmp_path / "app", queue=queue, storage=azurite.connection_string,
-            servicebus=servicebus.connection_string, source_url=tables.url,
-        )  # fmt: skip
-        (app.root / "dbfanout.toml").write_text(
-            f'[app]\nname = "{app.app_name}"\n\n[pollers.orders]\nkind = "mysql_binlog"\n'
-            f'source_url = "${{ORDERS_DB_URL}}"\ntables = ["{tables.name}"]\nbatch_size = 50\n'
-            f'max_batches_per_tick = 20\nlease_ttl_seconds = 10\nschedule = "*/1 * * * * *"\n'
-            f'queue = "{queue}"\nhandler = "handlers.example:handle"\n'
-        )
-        store = open_state_store(
-            StorageConnection(connection_string=azurite.connection_string), "db-state", app.app_name, "orders"
+        app, queue, store = binlog_app(
+            tmp_path, azurite, servicebus, tables, "binlogxa", "batch_size = 50\nmax_batches_per_tick = 20\n"
         )
 
         def checkpointed() -> bool:
