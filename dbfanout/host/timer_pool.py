@@ -68,6 +68,7 @@ class TimerPool:
         self._ready: deque[tuple[float, dt.datetime, PooledTimer]] = deque()  # (queued at, due, timer)
         self._workers = 0
         self._idle = 0
+        self._starting = 0  # workers started that have not looked for a firing yet
         self._grown_at = 0.0  # when workers were last added for waiting firings
         self._started_at = 0.0  # when a worker last took a firing
         self._timers = 0  # registered and not stopped
@@ -132,16 +133,22 @@ class TimerPool:
         if not self._ready:
             return
         awake = self._workers - self._idle
+        # Never more new workers than firings waiting for one: workers started that have not
+        # looked yet will each take one (counted as awake too: a pool that doubled on those ran
+        # away to 20,000 threads; one that started a worker per waiting firing again, while slow
+        # thread starts kept the last ones from taking theirs, started 28 for 20 blocked calls).
+        short = len(self._ready) - self._starting
+        if short <= 0:
+            return
         if awake == 0:
             self._more(1)
         elif time.monotonic() >= self._next_look():
-            # Never more new workers than firings waiting: started ones that have not taken a
-            # firing yet count as awake (a pool that doubled on those ran away to 20,000 threads).
-            self._more(min(awake, len(self._ready)))
+            self._more(min(awake, short))
 
     def _more(self, n: int) -> None:
         self._grown_at = time.monotonic()
         wake = min(n, self._idle)
+        self._starting += n - wake
         for _ in range(wake):
             self._work.notify()
         for _ in range(n - wake):
@@ -168,6 +175,7 @@ class TimerPool:
 
     def _serve(self) -> None:
         with self._lock:
+            self._starting -= 1  # started: looking now
             while True:
                 if self._ready:
                     _, due, timer = self._ready.popleft()

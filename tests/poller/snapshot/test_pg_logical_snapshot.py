@@ -450,6 +450,12 @@ def test_a_cancel_no_change_follows_lands_in_the_same_tick_and_idle_ticks_read_n
             query = f"SELECT id FROM {config.signal_table} WHERE kind = 'watermark'"
             return conn.execute(sa.text(query)).scalar()
 
+    # (the next chunk that tick read ahead on its thread has written its watermark: else it may land
+    # after the cancel below, a change the next tick has not read)
+    ahead = source._snapshots._ahead
+    if ahead is not None:
+        ahead.future.result(timeout=30)
+
     # When it is cancelled, nothing changes afterwards (no row carries the cancel), and ONE tick runs
     statement, params = request_statement(config, cancel=True)
     with logical.engine.begin() as conn:
