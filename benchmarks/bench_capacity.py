@@ -1,18 +1,21 @@
 """Capacity: the load curve of one deployment (issue 31; run by hand).
 
-    python benchmarks/bench_capacity.py [--source keyset,pg_logical,outbox] [--target queue,topic]
+    python benchmarks/bench_capacity.py [--source keyset,pg_logical,outbox,mysql_binlog]
+                                        [--target queue,topic]
                                         [--linger 0,1] [--cardinality one,many]
                                         [--rates 500,1000,2000,5000,10000,20000]
                                         [--rows-per-commit 1,10] [--step-seconds 30] [--json]
-                                        [--db-url URL] [--pg-url URL]
+                                        [--db-url URL] [--pg-url URL] [--mysql-url URL]
 
 For each configuration (source x target x linger) it starts the project's Service Bus emulator in
 a process of its own (Azurite once for the run), a database of its own on the PostgreSQL server
-(``--db-url`` for keyset and outbox, ``--pg-url`` with wal_level = logical for pg_logical) and the
-real ``function_app.py`` under ``dbfanout run``. Writer threads in this process (``--writers``,
+(``--db-url`` for keyset and outbox, ``--pg-url`` with wal_level = logical for pg_logical), or on
+the MariaDB server for mysql_binlog (``--mysql-url``; a private ``mariadbd`` with the row-based
+binlog on when that server has it off: benchmarks/capacity_binlog.py) and the real
+``function_app.py`` under ``dbfanout run``. Writer threads in this process (``--writers``,
 each on a connection of its own, each a share of the rate) then offer each rate (changes a second,
 in commits of ``--rows-per-commit`` rows) for ``--step-seconds``, every row stamped with its
-write time (keyset and pg_logical: a column; outbox: the payload). The handler
+write time (keyset, pg_logical and mysql_binlog: a column; outbox: the payload). The handler
 (bench_latency's) records, per event, that time, its latency and the message's enqueued time; on
 a topic two subscriptions each run it into a file of their own.
 
@@ -23,7 +26,8 @@ in that window, once every row was handled), that latency split at the enqueued 
 enqueued: the poller's read, pack and send; enqueued -> handler: the worker's receive, decode,
 handler and the queue ahead of it), CPU seconds a second of the host process, the emulator
 process and the poller's and the writer's database backends (``/proc``: the server must run on
-this machine; a backend that exits within a step loses its share), and the load average.
+this machine; a backend that exits within a step loses its share; MariaDB: the whole server
+process, column dbsrv, as its connections are threads of one process), and the load average.
 
 A step stops early when the backlog (rows written, not yet handled) passes ``--backlog-seconds``
 of the offered rate: the deployment does not keep up, and the higher rates of that sequence are
@@ -69,10 +73,11 @@ from bench_latency import (
     _stop,
     _with_app_name,
 )
+from capacity_binlog import BINLOG_CONFIG, MariaDbCost, binlog_table, checkpointed
 
 from tests.host.app_support import AppDir, HostProcess, _subscription_tables, wait_for
 from tests.support.azurite import start_azurite
-from tests.support.databases import PG_URL
+from tests.support.databases import MYSQL_URL, PG_URL
 
 LOGICAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5433/test"
 SUBSCRIPTIONS = ("first", "second")
@@ -119,6 +124,7 @@ class Step:
     emulator_cpu: float = 0.0
     db_poller_cpu: float = 0.0
     db_writer_cpu: float = 0.0
+    db_server_cpu: float = 0.0  # mysql_binlog: the whole MariaDB server process
     load: float = 0.0
     stopped_early: bool = False
     drained: bool = True
@@ -137,7 +143,7 @@ class Deployment:
     name: str
     host: HostProcess
     emulator: Any
-    cost: DbCost
+    cost: DbCost | MariaDbCost
     write: Callable[[sa.Connection, int, int, float], None]  # (conn, first id, rows, time)
     engine: sa.Engine
     files: list[HandledFile]
@@ -214,7 +220,9 @@ def _deploy(
     name += "/many" if cardinality == "many" else ""
     entity = "cap-" + os.urandom(5).hex()
     tmp.mkdir(parents=True)
-    cost = DbCost(args.pg_url if source == "pg_logical" else args.db_url)
+    binlog = source == "mysql_binlog"
+    pg_url = args.pg_url if source == "pg_logical" else args.db_url
+    cost = MariaDbCost(args.mysql_url, undo) if binlog else DbCost(pg_url)
     undo.callback(cost.drop)
     subs = SUBSCRIPTIONS if target == "topic" else ()
     emulator, connection = _start_emulator(ROOT, tmp, entity, None, subs)
@@ -224,7 +232,7 @@ def _deploy(
         queue=entity,
         storage=storage,
         servicebus=connection,
-        source_url=_with_app_name(cost.url, "bench_poller"),
+        source_url=cost.url if binlog else _with_app_name(cost.url, "bench_poller"),
     )
     (app.root / "bench_handler.py").write_text(HANDLER)
     (app.root / "bench_handler_second.py").write_text(SECOND_HANDLER)
@@ -237,6 +245,10 @@ def _deploy(
         engine, (table, drop_slot, _) = _pg_logical_source(app, more, batch=args.batch, url=cost.url)
         undo.callback(drop_slot)
         write = _insert_rows(table)
+    elif binlog:
+        engine, write = binlog_table(cost.url), _insert_rows("orders")
+        binlog_keys = dict(name=app.app_name, table="orders", queue=entity, batch=args.batch, more=more)
+        (app.root / "dbfanout.toml").write_text(BINLOG_CONFIG.format(max_batches=args.max_batches, **binlog_keys))
     elif source == "keyset":
         # The transaction id is the cursor (exact, docs/cursors.md): writer threads take ids in
         # another order than they commit, which a cursor on the id would skip past.
@@ -269,6 +281,8 @@ def _deploy(
     deployment = Deployment(name, host, emulator, cost, write, engine, files)
     try:
         wait_for(host.started, 90, "the host to start")
+        if binlog:  # rows committed before the poller's starting point in the binlog are never read
+            wait_for(checkpointed(storage, app.app_name), 90, "the poller's starting point")
         with engine.connect() as conn:  # warm-up: connections, the first tick, the first message
             deployment.commit(conn, 20)
         wait_for(lambda: deployment.handled() >= 20, args.drain_seconds, "the warm-up rows to be handled")
@@ -334,6 +348,8 @@ def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace
         used = (cpu - db0.get(pid, (app, 0.0))[1]) / span
         if app == "bench_poller":
             step.db_poller_cpu += used
+        elif app == "server":
+            step.db_server_cpu += used
         else:
             step.db_writer_cpu += used
     return step
@@ -363,7 +379,7 @@ def _sustained(steps: list[Step], p99_bound: float) -> Step | None:
 HEADER = (
     f"{'configuration':<30} {'rows/commit':>11} {'offered':>8} {'written':>8} {'delivered':>9}"
     f" {'p50':>6} {'p95':>6} {'p99':>6} {'poll p50/p99':>13} {'work p50/p99':>13}"
-    f" {'host':>5} {'emu':>5} {'dbpoll':>6} {'dbwrite':>7} {'load':>5}  note"
+    f" {'host':>5} {'emu':>5} {'dbpoll':>6} {'dbwrite':>7} {'dbsrv':>5} {'load':>5}  note"
 )
 
 
@@ -378,7 +394,7 @@ def _row(s: Step) -> str:
         f"{s.config:<30} {s.rows_per_commit:>11} {s.offered:>8} {s.written:>8.0f} {s.delivered:>9.0f}"
         f" {s.p50:>6.3f} {s.p95:>6.3f} {s.p99:>6.3f} {s.poller_p50:>6.3f}/{s.poller_p99:<6.3f}"
         f" {s.worker_p50:>6.3f}/{s.worker_p99:<6.3f} {s.host_cpu:>5.3f} {s.emulator_cpu:>5.3f}"
-        f" {s.db_poller_cpu:>6.3f} {s.db_writer_cpu:>7.3f} {s.load:>5.2f}  {note}"
+        f" {s.db_poller_cpu:>6.3f} {s.db_writer_cpu:>7.3f} {s.db_server_cpu:>5.3f} {s.load:>5.2f}  {note}"
     )
 
 
@@ -411,7 +427,10 @@ def _words(text: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
-        "--source", type=_words, default=["keyset", "pg_logical", "outbox"], help="comma list: keyset,pg_logical,outbox"
+        "--source",
+        type=_words,
+        default=["keyset", "pg_logical", "outbox"],
+        help="comma list: keyset,pg_logical,outbox,mysql_binlog",
     )
     parser.add_argument("--target", type=_words, default=["queue", "topic"], help="comma list: queue,topic (two subs)")
     parser.add_argument(
@@ -432,11 +451,14 @@ def main() -> None:
     parser.add_argument("--max-batches", type=int, default=200, help="max_batches_per_tick")
     parser.add_argument("--db-url", default=PG_URL, help="PostgreSQL for keyset and outbox (a database of its own)")
     parser.add_argument("--pg-url", default=LOGICAL_URL, help="PostgreSQL with wal_level = logical for pg_logical")
+    parser.add_argument(
+        "--mysql-url", default=MYSQL_URL, help="MariaDB for mysql_binlog (a private one when its binlog is off)"
+    )
     parser.add_argument("--json", action="store_true", help="print the steps and the summary as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the app folders (host.log, handled.txt)")
     args = parser.parse_args()
     unknown = (
-        set(args.source) - {"keyset", "pg_logical", "outbox"}
+        set(args.source) - {"keyset", "pg_logical", "outbox", "mysql_binlog"}
         | set(args.target) - {"queue", "topic"}
         | set(args.cardinality) - {"one", "many"}
     )
