@@ -82,6 +82,23 @@ def binlog_app(
     return app, queue, store
 
 
+def end_and_settle(
+    tables: BinlogTables, target: Target, servicebus: Emulator, queue: str, timeout: float
+) -> dict[int, dict[str, Any]]:
+    """Write the last change to wait for (id -1), wait until it is handled and the queue is empty,
+    and give the source's rows then (what the target must equal)."""
+    tables.sql("INSERT INTO {t} (id, v, n) VALUES (-1, 'end', 0)")
+    with tables.engine.connect() as conn:
+        rows = conn.execute(sa.text(f"SELECT id, v, n FROM {tables.name}")).all()
+    expected = {r.id: {"id": r.id, "v": r.v, "n": r.n} for r in rows}
+
+    def settled() -> bool:  # the last change handled and nothing left in the queue
+        return -1 in target.rows() and servicebus.queue_stats(queue)["messages"] == 0
+
+    wait_for(settled, timeout, "the last change to be handled and the queue to drain")
+    return expected
+
+
 def test_a_binlog_poller_under_dbfanout_run_with_a_kill_rebuilds_the_source(
     tmp_path: Path, azurite: Azurite, servicebus: Emulator, mysql_binlog_url: str
 ) -> None:
@@ -107,19 +124,7 @@ def test_a_binlog_poller_under_dbfanout_run_with_a_kill_rebuilds_the_source(
             host.start()
             writer.join(300)
             assert writer.error is None, writer.error
-            tables.sql("INSERT INTO {t} (id, v, n) VALUES (-1, 'end', 0)")  # the last change to wait for
-
-            def source_rows() -> dict[int, dict[str, Any]]:
-                with tables.engine.connect() as conn:
-                    rows = conn.execute(sa.text(f"SELECT id, v, n FROM {tables.name}")).all()
-                return {r.id: {"id": r.id, "v": r.v, "n": r.n} for r in rows}
-
-            expected = source_rows()
-
-            def settled() -> bool:  # the last change handled and nothing left in the queue
-                return -1 in target.rows() and servicebus.queue_stats(queue)["messages"] == 0
-
-            wait_for(settled, 300, "the last change to be handled and the queue to drain")
+            expected = end_and_settle(tables, target, servicebus, queue, 300)
             # Then the target equals the source: every delete applied, nothing resurrected
             got = target.rows()
             assert got == expected, host.log_tail()
@@ -217,19 +222,7 @@ def test_an_initial_snapshot_under_dbfanout_run_with_writes_on_its_chunk_and_a_k
             writer.stop.set()
             writer.join()
             assert writer.error is None, writer.error
-            tables.sql("INSERT INTO {t} (id, v, n) VALUES (-1, 'end', 0)")  # the last change to wait for
-
-            def source_rows() -> dict[int, dict[str, Any]]:
-                with tables.engine.connect() as conn:
-                    rows = conn.execute(sa.text(f"SELECT id, v, n FROM {tables.name}")).all()
-                return {r.id: {"id": r.id, "v": r.v, "n": r.n} for r in rows}
-
-            expected = source_rows()
-
-            def settled() -> bool:  # the last change handled and nothing left in the queue
-                return -1 in target.rows() and servicebus.queue_stats(queue)["messages"] == 0
-
-            wait_for(settled, 600, "the last change to be handled and the queue to drain")
+            expected = end_and_settle(tables, target, servicebus, queue, 600)
             # Then the target equals the source: no row stale, none resurrected
             got = target.rows()
             stale = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}

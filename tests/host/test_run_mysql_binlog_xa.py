@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -19,7 +18,7 @@ import sqlalchemy as sa
 from sbemulator import Emulator
 from tests.conftest import FULL
 from tests.host.app_support import HostProcess, Target, wait_for
-from tests.host.test_run_mysql_binlog import Writer, binlog_app
+from tests.host.test_run_mysql_binlog import Writer, binlog_app, end_and_settle
 from tests.poller.mysql_binlog_support import binlog_tables
 from tests.support.azurite import Azurite
 
@@ -91,19 +90,7 @@ def test_xa_transactions_under_dbfanout_run_with_a_kill_rebuild_the_source(
             xa.join(300)
             writer.join(300)
             assert xa.error is None and writer.error is None, (xa.error, writer.error)
-            tables.sql("INSERT INTO {t} (id, v, n) VALUES (-1, 'end', 0)")  # the last change to wait for
-
-            def source_rows() -> dict[int, dict[str, Any]]:
-                with tables.engine.connect() as conn:
-                    rows = conn.execute(sa.text(f"SELECT id, v, n FROM {tables.name}")).all()
-                return {r.id: {"id": r.id, "v": r.v, "n": r.n} for r in rows}
-
-            expected = source_rows()
-
-            def settled() -> bool:  # the last change handled and nothing left in the queue
-                return -1 in target.rows() and servicebus.queue_stats(queue)["messages"] == 0
-
-            wait_for(settled, 300, "the last change to be handled and the queue to drain")
+            expected = end_and_settle(tables, target, servicebus, queue, 300)
             # Then the target equals the source: no rolled-back value or row, every committed one
             got = target.rows()
             assert got == expected, host.log_tail()
