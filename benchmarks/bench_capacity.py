@@ -27,7 +27,9 @@ enqueued: the poller's read, pack and send; enqueued -> handler: the worker's re
 handler and the queue ahead of it), CPU seconds a second of the host process, the emulator
 process and the poller's and the writer's database backends (``/proc``: the server must run on
 this machine; a backend that exits within a step loses its share; MariaDB: the whole server
-process, column dbsrv, as its connections are threads of one process), and the load average.
+process, column dbsrv, as its connections are threads of one process), this process's (the writer
+threads, column writer), the cores busy on the whole machine (``/proc/stat``, column box: 2.0 is
+a saturated 2-core box) and the load average.
 
 A step stops early when the backlog (rows written, not yet handled) passes ``--backlog-seconds``
 of the offered rate: the deployment does not keep up, and the higher rates of that sequence are
@@ -125,6 +127,8 @@ class Step:
     db_poller_cpu: float = 0.0
     db_writer_cpu: float = 0.0
     db_server_cpu: float = 0.0  # mysql_binlog: the whole MariaDB server process
+    writer_cpu: float = 0.0  # this process: the writer threads (and the handler files' readers)
+    box_busy: float = 0.0  # cores busy on the whole machine (/proc/stat), of os.cpu_count()
     load: float = 0.0
     stopped_early: bool = False
     drained: bool = True
@@ -303,9 +307,17 @@ def _writer(d: Deployment, rate: int, per_commit: int, until: float, abort: thre
             time.sleep(max(0.0, next_at - time.monotonic()))
 
 
+def _box_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (every core; not idle, not iowait), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace) -> Step:
     step = Step(d.name, per_commit, rate)
     host0, emu0, db0 = d.cpu()
+    self0, box0 = time.process_time(), _box_busy_seconds()
     before = d.written
     began = time.time()
     abort = threading.Event()
@@ -322,6 +334,7 @@ def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace
                 step.stopped_early = True
     ended = time.time()
     host1, emu1, db1 = d.cpu()
+    self1, box1 = time.process_time(), _box_busy_seconds()
     written = d.written - before
     try:
         wait_for(lambda: d.handled() >= d.written, args.drain_seconds, "the step's rows to be handled", 0.5)
@@ -344,6 +357,7 @@ def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace
             step.poller_p50, step.poller_p99 = _pct(poller, 50), _pct(poller, 99)
             step.worker_p50, step.worker_p99 = _pct(worker, 50), _pct(worker, 99)
     step.host_cpu, step.emulator_cpu = (host1 - host0) / span, (emu1 - emu0) / span
+    step.writer_cpu, step.box_busy = (self1 - self0) / span, (box1 - box0) / span
     for pid, (app, cpu) in db1.items():
         used = (cpu - db0.get(pid, (app, 0.0))[1]) / span
         if app == "bench_poller":
@@ -379,7 +393,7 @@ def _sustained(steps: list[Step], p99_bound: float) -> Step | None:
 HEADER = (
     f"{'configuration':<30} {'rows/commit':>11} {'offered':>8} {'written':>8} {'delivered':>9}"
     f" {'p50':>6} {'p95':>6} {'p99':>6} {'poll p50/p99':>13} {'work p50/p99':>13}"
-    f" {'host':>5} {'emu':>5} {'dbpoll':>6} {'dbwrite':>7} {'dbsrv':>5} {'load':>5}  note"
+    f" {'host':>5} {'emu':>5} {'dbpoll':>6} {'dbwrite':>7} {'dbsrv':>5} {'writer':>6} {'box':>5} {'load':>5}  note"
 )
 
 
@@ -394,7 +408,8 @@ def _row(s: Step) -> str:
         f"{s.config:<30} {s.rows_per_commit:>11} {s.offered:>8} {s.written:>8.0f} {s.delivered:>9.0f}"
         f" {s.p50:>6.3f} {s.p95:>6.3f} {s.p99:>6.3f} {s.poller_p50:>6.3f}/{s.poller_p99:<6.3f}"
         f" {s.worker_p50:>6.3f}/{s.worker_p99:<6.3f} {s.host_cpu:>5.3f} {s.emulator_cpu:>5.3f}"
-        f" {s.db_poller_cpu:>6.3f} {s.db_writer_cpu:>7.3f} {s.db_server_cpu:>5.3f} {s.load:>5.2f}  {note}"
+        f" {s.db_poller_cpu:>6.3f} {s.db_writer_cpu:>7.3f} {s.db_server_cpu:>5.3f} {s.writer_cpu:>6.3f}"
+        f" {s.box_busy:>5.2f} {s.load:>5.2f}  {note}"
     )
 
 
