@@ -5,6 +5,8 @@
                                         [--linger 0,1] [--cardinality one,many]
                                         [--rates 500,1000,2000,5000,10000,20000]
                                         [--rows-per-commit 1,10] [--step-seconds 30] [--json]
+                                        [--writer threads|pgbench|threads,pgbench] [--writers 8]
+                                        [--pgbench-jobs 1] [--pgbench PATH]
                                         [--db-url URL] [--pg-url URL] [--mysql-url URL]
 
 For each configuration (source x target x linger) it starts the project's Service Bus emulator in
@@ -15,7 +17,15 @@ binlog on when that server has it off: benchmarks/capacity_binlog.py) and the re
 ``function_app.py`` under ``dbfanout run``. Writer threads in this process (``--writers``,
 each on a connection of its own, each a share of the rate) then offer each rate (changes a second,
 in commits of ``--rows-per-commit`` rows) for ``--step-seconds``, every row stamped with its
-write time (keyset, pg_logical and mysql_binlog: a column; outbox: the payload). The handler
+write time (keyset, pg_logical and mysql_binlog: a column; outbox: the payload).
+``--writer pgbench`` (pg_logical and keyset) offers the rate with PostgreSQL's pgbench instead
+(``--writers`` clients on ``--pgbench-jobs`` threads, ``-R`` the rate over the commit size: one
+INSERT of ``--rows-per-commit`` rows a transaction, the same columns and the same write time,
+read once per commit from the server's clock; benchmarks/capacity_pgbench.py): Python threads
+cost this process most of a core at 15,000 rows/s on two cores, pgbench a fraction of that. The
+rows written are counted in the database; a step that falls behind ends pgbench early.
+``--writer threads,pgbench`` runs one curve of each on the same deployment, interleaved step by
+step (configuration ``.../pgbench`` for pgbench's). The handler
 (bench_latency's) records, per event, that time, its latency and the message's enqueued time; on
 a topic two subscriptions each run it into a file of their own.
 
@@ -27,8 +37,9 @@ enqueued: the poller's read, pack and send; enqueued -> handler: the worker's re
 handler and the queue ahead of it), CPU seconds a second of the host process, the emulator
 process and the poller's and the writer's database backends (``/proc``: the server must run on
 this machine; a backend that exits within a step loses its share; MariaDB: the whole server
-process, column dbsrv, as its connections are threads of one process), this process's (the writer
-threads, column writer), the cores busy on the whole machine (``/proc/stat``, column box: 2.0 is
+process, column dbsrv, as its connections are threads of one process; pgbench's backends are the
+writer's), this process's (the writer threads, column writer; with pgbench, this process plus the
+pgbench process), the cores busy on the whole machine (``/proc/stat``, column box: 2.0 is
 a saturated 2-core box) and the load average.
 
 A step stops early when the backlog (rows written, not yet handled) passes ``--backlog-seconds``
@@ -76,6 +87,7 @@ from bench_latency import (
     _with_app_name,
 )
 from capacity_binlog import BINLOG_CONFIG, MariaDbCost, binlog_table, checkpointed
+from capacity_pgbench import PgbenchWriter, find_pgbench
 
 from tests.host.app_support import AppDir, HostProcess, _subscription_tables, wait_for
 from tests.support.azurite import start_azurite
@@ -133,6 +145,7 @@ class Step:
     stopped_early: bool = False
     drained: bool = True
     missing: int = 0  # rows written and not handled when the drain timed out
+    writer: str = "threads"  # what offered the rate: writer threads in this process, or pgbench
 
     @property
     def writer_short(self) -> bool:
@@ -152,6 +165,7 @@ class Deployment:
     engine: sa.Engine
     files: list[HandledFile]
     cleanup: Callable[[], None] = lambda: None
+    pgbench: PgbenchWriter | None = None  # --writer pgbench: writes the same table
     written: int = 0  # rows committed
     _next_id: int = 1
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -222,6 +236,7 @@ def _deploy(
 ) -> Deployment:
     name = f"{source}/{target}/linger={linger:g}" if linger else f"{source}/{target}/linger=off"
     name += "/many" if cardinality == "many" else ""
+    pgbench_table = ""  # the table a pgbench writer can write (pg_logical, keyset)
     entity = "cap-" + os.urandom(5).hex()
     tmp.mkdir(parents=True)
     binlog = source == "mysql_binlog"
@@ -249,6 +264,7 @@ def _deploy(
         engine, (table, drop_slot, _) = _pg_logical_source(app, more, batch=args.batch, url=cost.url)
         undo.callback(drop_slot)
         write = _insert_rows(table)
+        pgbench_table = table
     elif binlog:
         engine, write = binlog_table(cost.url), _insert_rows("orders")
         binlog_keys = dict(name=app.app_name, table="orders", queue=entity, batch=args.batch, more=more)
@@ -263,6 +279,7 @@ def _deploy(
         keyset = config.replace('cursor = "version"\n', 'cursor = "txid"\nxid_column = "txid"\n')
         (app.root / "dbfanout.toml").write_text(keyset)
         engine, write = sa.create_engine(_with_app_name(cost.url, "bench_writer")), _insert_rows("orders")
+        pgbench_table = "orders"
     else:
         from shared.outbox import create_outbox
 
@@ -283,6 +300,10 @@ def _deploy(
     host = HostProcess(app).start()
     undo.callback(host.stop_quietly)
     deployment = Deployment(name, host, emulator, cost, write, engine, files)
+    if "pgbench" in args.writer and pgbench_table:
+        (tmp / "pgbench").mkdir()
+        deployment.pgbench = PgbenchWriter(args.pgbench, cost.url, pgbench_table, tmp / "pgbench")
+        undo.callback(deployment.pgbench.close)
     try:
         wait_for(host.started, 90, "the host to start")
         if binlog:  # rows committed before the poller's starting point in the binlog are never read
@@ -314,14 +335,27 @@ def _box_busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace) -> Step:
-    step = Step(d.name, per_commit, rate)
-    host0, emu0, db0 = d.cpu()
-    self0, box0 = time.process_time(), _box_busy_seconds()
-    before = d.written
-    began = time.time()
+@dataclass
+class _Mark:
+    """The counters a step's figures are differences of, read at one moment."""
+
+    at: float
+    host: float
+    emulator: float
+    db: dict[int, tuple[str, float]]
+    own: float  # this process's CPU seconds
+    box: float
+
+    @classmethod
+    def now(cls, d: Deployment) -> _Mark:
+        host, emulator, db = d.cpu()
+        return cls(time.time(), host, emulator, db, time.process_time(), _box_busy_seconds())
+
+
+def _offer_threads(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace, step: Step) -> float:
+    """Writer threads in this process offer the step's rows; returns the writer's CPU outside this process (none)."""
     abort = threading.Event()
-    share = (d, rate / args.writers, per_commit, began + args.step_seconds, abort)
+    share = (d, rate / args.writers, per_commit, time.time() + args.step_seconds, abort)
     threads = [threading.Thread(target=_writer, args=share) for _ in range(args.writers)]
     for thread in threads:
         thread.start()
@@ -332,15 +366,58 @@ def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace
             if d.written - d.handled() > bound and not abort.is_set():
                 abort.set()
                 step.stopped_early = True
-    ended = time.time()
-    host1, emu1, db1 = d.cpu()
-    self1, box1 = time.process_time(), _box_busy_seconds()
+    return 0.0
+
+
+def _offer_pgbench(
+    d: Deployment, rate: int, per_commit: int, args: argparse.Namespace, step: Step
+) -> tuple[_Mark, float]:
+    """pgbench offers the step's rows until the step's end or the backlog bound; returns the
+    counters at that moment (pgbench's backends still there) and pgbench's CPU seconds."""
+    pg = d.pgbench
+    assert pg is not None
+    until = time.time() + args.step_seconds
+    pg.start(d._next_id, rate, per_commit, args.writers, args.pgbench_jobs, args.step_seconds)
+    bound = max(500, rate * args.backlog_seconds)
+    try:
+        while (left := until - time.time()) > 0:
+            time.sleep(min(0.5, left))
+            failure = pg.failed()
+            if failure:
+                raise RuntimeError(failure)
+            if d.written + pg.issued() - d.handled() > bound:  # issued: an upper bound of written
+                step.stopped_early = True
+                break
+        return _Mark.now(d), pg.cpu()
+    finally:
+        written, d._next_id = pg.stop()
+        d.written += written
+
+
+def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace, writer: str = "threads") -> Step:
+    """Offer ``rate`` rows a second for a step (``writer``: threads or pgbench) and measure it."""
+    step = Step(d.name + ("/pgbench" if writer == "pgbench" else ""), per_commit, rate, writer=writer)
+    start = _Mark.now(d)
+    before = d.written
+    if writer == "pgbench":
+        end, outside = _offer_pgbench(d, rate, per_commit, args, step)
+    else:
+        outside = _offer_threads(d, rate, per_commit, args, step)
+        end = _Mark.now(d)
     written = d.written - before
     try:
         wait_for(lambda: d.handled() >= d.written, args.drain_seconds, "the step's rows to be handled", 0.5)
     except TimeoutError:
         step.drained = False
         step.missing = d.written - d.handled()
+    _figures(step, d, start, end, written)
+    step.writer_cpu += outside / step.seconds
+    return step
+
+
+def _figures(step: Step, d: Deployment, start: _Mark, end: _Mark, written: int) -> None:
+    """The step's rates, latencies and CPU from the handled rows and the counters at its ends."""
+    began, ended = start.at, end.at
     span = ended - began
     step.seconds, step.written, step.load = span, written / span, os.getloadavg()[0]
     warm = began + span / 5
@@ -356,17 +433,16 @@ def run_step(d: Deployment, rate: int, per_commit: int, args: argparse.Namespace
             worker = [c + lat - e for c, lat, e in timed]
             step.poller_p50, step.poller_p99 = _pct(poller, 50), _pct(poller, 99)
             step.worker_p50, step.worker_p99 = _pct(worker, 50), _pct(worker, 99)
-    step.host_cpu, step.emulator_cpu = (host1 - host0) / span, (emu1 - emu0) / span
-    step.writer_cpu, step.box_busy = (self1 - self0) / span, (box1 - box0) / span
-    for pid, (app, cpu) in db1.items():
-        used = (cpu - db0.get(pid, (app, 0.0))[1]) / span
+    step.host_cpu, step.emulator_cpu = (end.host - start.host) / span, (end.emulator - start.emulator) / span
+    step.writer_cpu, step.box_busy = (end.own - start.own) / span, (end.box - start.box) / span
+    for pid, (app, cpu) in end.db.items():
+        used = (cpu - start.db.get(pid, (app, 0.0))[1]) / span
         if app == "bench_poller":
             step.db_poller_cpu += used
         elif app == "server":
             step.db_server_cpu += used
         else:
             step.db_writer_cpu += used
-    return step
 
 
 def _knee(steps: list[Step]) -> Step | None:
@@ -391,7 +467,7 @@ def _sustained(steps: list[Step], p99_bound: float) -> Step | None:
 
 
 HEADER = (
-    f"{'configuration':<30} {'rows/commit':>11} {'offered':>8} {'written':>8} {'delivered':>9}"
+    f"{'configuration':<38} {'rows/commit':>11} {'offered':>8} {'written':>8} {'delivered':>9}"
     f" {'p50':>6} {'p95':>6} {'p99':>6} {'poll p50/p99':>13} {'work p50/p99':>13}"
     f" {'host':>5} {'emu':>5} {'dbpoll':>6} {'dbwrite':>7} {'dbsrv':>5} {'writer':>6} {'box':>5} {'load':>5}  note"
 )
@@ -405,7 +481,7 @@ def _row(s: Step) -> str:
     ]
     note = ", ".join(text for text, on in notes if on)
     return (
-        f"{s.config:<30} {s.rows_per_commit:>11} {s.offered:>8} {s.written:>8.0f} {s.delivered:>9.0f}"
+        f"{s.config:<38} {s.rows_per_commit:>11} {s.offered:>8} {s.written:>8.0f} {s.delivered:>9.0f}"
         f" {s.p50:>6.3f} {s.p95:>6.3f} {s.p99:>6.3f} {s.poller_p50:>6.3f}/{s.poller_p99:<6.3f}"
         f" {s.worker_p50:>6.3f}/{s.worker_p99:<6.3f} {s.host_cpu:>5.3f} {s.emulator_cpu:>5.3f}"
         f" {s.db_poller_cpu:>6.3f} {s.db_writer_cpu:>7.3f} {s.db_server_cpu:>5.3f} {s.writer_cpu:>6.3f}"
@@ -439,6 +515,38 @@ def _words(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
 
 
+def _check_writers(args: argparse.Namespace) -> None:
+    """Exit on a --writer/--writers combination the run cannot do; find pgbench."""
+    if "threads" in args.writer and not 1 <= args.writers <= 15:
+        sys.exit("--writers: 1 to 15 (the writer engine's connection pool)")
+    if "pgbench" not in args.writer:
+        return
+    if not 1 <= args.writers <= 64 or args.pgbench_jobs < 1:
+        sys.exit("--writers with pgbench: 1 to 64 clients; --pgbench-jobs: at least 1")
+    if set(args.source) - {"pg_logical", "keyset"}:
+        sys.exit("--writer pgbench: --source pg_logical and keyset only (their table: id, version, v, committed_at)")
+    args.pgbench = args.pgbench or find_pgbench()
+    if not args.pgbench:
+        sys.exit("--writer pgbench: no pgbench found (install PostgreSQL's client programs or pass --pgbench PATH)")
+
+
+def _curves(d: Deployment, per_commit: int, args: argparse.Namespace, steps: list[Step]) -> bool:
+    """One load curve per --writer at this commit size, their steps interleaved rate by rate; a
+    curve ends at a step that fell behind. False when a step left a backlog (not drained)."""
+    ended: set[str] = set()
+    for rate in (int(r) for r in args.rates):
+        for writer in (w for w in args.writer if w not in ended):
+            steps.append(run_step(d, rate, per_commit, args, writer))
+            print(_row(steps[-1]), file=sys.stderr, flush=True)
+            if not steps[-1].drained:
+                return False
+            if steps[-1].stopped_early:
+                ended.add(writer)  # higher rates would not keep up either
+        if ended >= set(args.writer):
+            break
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
@@ -458,7 +566,17 @@ def main() -> None:
     )
     parser.add_argument("--rows-per-commit", type=_floats, default=[1, 10], help="comma list: one curve each")
     parser.add_argument("--step-seconds", type=float, default=30.0)
-    parser.add_argument("--writers", type=int, default=1, help="writer threads (connections), each a share of the rate")
+    parser.add_argument(
+        "--writers", type=int, default=1, help="writer threads (connections) or pgbench clients, each a rate share"
+    )
+    parser.add_argument(
+        "--writer",
+        type=_words,
+        default=["threads"],
+        help="comma list: threads (in this process), pgbench (pg_logical, keyset); both: one curve each, interleaved",
+    )
+    parser.add_argument("--pgbench-jobs", type=int, default=1, help="pgbench's threads (-j) for its --writers clients")
+    parser.add_argument("--pgbench", default=None, help="pgbench (default: PostgreSQL's bindir's, the PATH's)")
     parser.add_argument("--backlog-seconds", type=float, default=5.0, help="stop a step past this many seconds' rows")
     parser.add_argument("--p99-bound", type=float, default=1.0, help="sustained: p99 at most this (s)")
     parser.add_argument("--drain-seconds", type=float, default=60.0, help="wait for a step's rows at most this long")
@@ -477,10 +595,10 @@ def main() -> None:
         | set(args.target) - {"queue", "topic"}
         | set(args.cardinality) - {"one", "many"}
     )
-    if unknown:
-        sys.exit(f"unknown --source/--target/--cardinality values: {sorted(unknown)}")
-    if not 1 <= args.writers <= 15:
-        sys.exit("--writers: 1 to 15 (the writer engine's connection pool)")
+    unknown |= set(args.writer) - {"threads", "pgbench"}
+    if unknown or not args.writer:
+        sys.exit(f"unknown --source/--target/--cardinality/--writer values: {sorted(unknown)}")
+    _check_writers(args)
     tmp = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
     azurite = start_azurite()
     steps: list[Step] = []
@@ -494,12 +612,7 @@ def main() -> None:
             d = deploy(source, target, linger, args, tmp / str(n), azurite.connection_string, cardinality)
             try:
                 for per_commit in (int(r) for r in args.rows_per_commit):
-                    for rate in (int(r) for r in args.rates):
-                        steps.append(run_step(d, rate, per_commit, args))
-                        print(_row(steps[-1]), file=log, flush=True)
-                        if steps[-1].stopped_early or not steps[-1].drained:
-                            break  # higher rates would not keep up either
-                    if not steps[-1].drained:
+                    if not _curves(d, per_commit, args, steps):
                         break  # a backlog left: the next curve would measure it
             finally:
                 d.cleanup()
@@ -520,7 +633,7 @@ def main() -> None:
         print(_row(s))
     for entry in summary:
         print(
-            f"{entry['configuration']:<30} rows/commit={entry['rows_per_commit']:<3}"
+            f"{entry['configuration']:<38} rows/commit={entry['rows_per_commit']:<3}"
             f" sustained (p99 <= {args.p99_bound:g} s): {entry['sustained'] or 'none'}"
             f"  knee: {entry['knee'] or 'not reached'}"
             + (f"  (the writer fell short from {entry['writer_short_from']})" if entry["writer_short_from"] else "")
