@@ -2,7 +2,7 @@
 
     python benchmarks/bench_capacity.py [--source keyset,pg_logical,outbox,mysql_binlog]
                                         [--target queue,topic]
-                                        [--linger 0,1] [--cardinality one,many]
+                                        [--linger 0,1] [--schedule-seconds 1] [--cardinality one,many]
                                         [--rates 500,1000,2000,5000,10000,20000]
                                         [--rows-per-commit 1,10] [--step-seconds 30] [--json]
                                         [--writer threads|pgbench|threads,pgbench] [--writers 8]
@@ -291,9 +291,13 @@ def _deploy(
         (app.root / "dbfanout.toml").write_text(config.replace(keyset_keys, outbox_keys))
         write = _outbox_rows("bench_outbox")
     undo.callback(engine.dispose)
+    toml = app.root / "dbfanout.toml"
     if subs:
-        toml = app.root / "dbfanout.toml"
         toml.write_text(_as_topic(toml.read_text(), entity))
+    if args.schedule_seconds != 1:
+        every = f'schedule = "*/{args.schedule_seconds} * * * * *"'
+        toml.write_text(toml.read_text().replace('schedule = "*/1 * * * * *"', every))
+        name += f"/every={args.schedule_seconds}s"
     out = app.root / "handled.txt"
     os.environ["BENCH_OUT"] = str(out)
     files = [HandledFile(out)] + ([HandledFile(Path(f"{out}.second"))] if subs else [])
@@ -562,6 +566,12 @@ def main() -> None:
     parser.add_argument("--linger", type=_floats, default=[0.0, 1.0], help="comma list of linger_seconds (0: off)")
     parser.add_argument("--poll-ms", type=int, default=50, help="poll_interval_ms when lingering")
     parser.add_argument(
+        "--schedule-seconds",
+        type=int,
+        default=1,
+        help="the timer every N seconds (a divisor of 60; give --linger N-0.5 to linger through it)",
+    )
+    parser.add_argument(
         "--rates", type=_floats, default=[500, 1000, 2000, 5000, 10000, 20000], help="comma list (rows/s)"
     )
     parser.add_argument("--rows-per-commit", type=_floats, default=[1, 10], help="comma list: one curve each")
@@ -599,6 +609,8 @@ def main() -> None:
     if unknown or not args.writer:
         sys.exit(f"unknown --source/--target/--cardinality/--writer values: {sorted(unknown)}")
     _check_writers(args)
+    if args.schedule_seconds < 1 or 60 % args.schedule_seconds:
+        sys.exit(f"--schedule-seconds {args.schedule_seconds}: give a divisor of 60 (1, 2, 3, 5, 10, ...)")
     tmp = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
     azurite = start_azurite()
     steps: list[Step] = []
