@@ -17,10 +17,11 @@ stream raw    : START_REPLICATION SLOT ... LOGICAL on a replication=database psy
                 second reporting the last Commit read as flushed
 +decode       : the same, each message through the project's pgoutput Decoder (psycopg's loaders)
 
-"raw" counts the changes by their message tag only. Columns: changes/s, and the client process's
-CPU µs per change (the box is CPU-bound: a reader's CPU is taken from the tick's encode and send).
+"raw" counts the changes by their message tag only. Columns: changes/s, the client process's CPU µs
+per change (the box is CPU-bound: a reader's CPU is taken from the tick's encode and send), and the
+server's (all its processes, from /proc: the private server serves nothing else).
 
---live: a writer process commits --txn-row transactions at N changes/s for --live-seconds; the
+--live: --writers processes commit --txn-row transactions at N changes/s in all for --live-seconds; the
 reader decodes them either peeking every 50 ms (and advancing) or streaming, and the latency from
 the commit (pgoutput's commit timestamp) to the decoded change is recorded: p50/p99, the round of
 the two with the lower p99.
@@ -292,7 +293,7 @@ def measure(
         _drop_slot(engine, "m")
 
 
-def _writer(dsn: str, rate: int, txn: int, seconds: float, first: int) -> None:
+def _writer(dsn: str, rate: float, txn: int, seconds: float, first: int) -> None:
     with psycopg.connect(dsn) as conn:
         started, i = time.monotonic(), first
         while time.monotonic() - started < seconds:
@@ -308,13 +309,42 @@ def _writer(dsn: str, rate: int, txn: int, seconds: float, first: int) -> None:
             i += txn
 
 
+class _Writers:
+    """``count`` writer processes sharing ``rate``, each on its own range of ids."""
+
+    def __init__(self, dsn: str, rate: int, txn: int, seconds: float, first: int, count: int) -> None:
+        span = int(rate * seconds) + 10_000
+        spawn = multiprocessing.get_context("spawn")
+        self._procs = [spawn.Process(target=_writer, args=(dsn, rate / count, txn, seconds, first + j * span))
+                       for j in range(count)]  # fmt: skip
+
+    def start(self) -> None:
+        for p in self._procs:
+            p.start()
+
+    def is_alive(self) -> bool:
+        return any(p.is_alive() for p in self._procs)
+
+    def join(self) -> None:
+        for p in self._procs:
+            p.join()
+
+    def failed(self) -> bool:
+        return any(p.exitcode != 0 for p in self._procs)
+
+    def kill(self) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+
+
 def _latencies(changes: list[Change]) -> list[float]:
     """Seconds from each change's commit (pgoutput's commit timestamp) to now."""
     now = _now_us()
     return [(now - c.commit_time_us - _PG_EPOCH_US) / 1e6 for c in changes]
 
 
-def _live_peek(engine: sa.Engine, dsn: str, writer: Any, counter: Counter, latencies: list[float]) -> None:
+def _live_peek(engine: sa.Engine, dsn: str, writer: _Writers, counter: Counter, latencies: list[float]) -> None:
     """Peek every 50 ms and advance to what was read, until the writer ended and a peek found nothing."""
     while writer.is_alive() or counter.decoded:
         tick = time.monotonic()
@@ -331,7 +361,7 @@ def _live_peek(engine: sa.Engine, dsn: str, writer: Any, counter: Counter, laten
         time.sleep(max(0.0, 0.05 - (time.monotonic() - tick)))  # the peek interval under test
 
 
-def _live_stream(engine: sa.Engine, dsn: str, writer: Any, counter: Counter, latencies: list[float]) -> None:
+def _live_stream(engine: sa.Engine, dsn: str, writer: _Writers, counter: Counter, latencies: list[float]) -> None:
     """Stream, confirming once a second, until the writer ended and the stream went quiet."""
     reader = SlotStream(dsn, "live", "pub")
     try:
@@ -353,13 +383,21 @@ def _live_stream(engine: sa.Engine, dsn: str, writer: Any, counter: Counter, lat
 
 
 def live(
-    kind: str, engine: sa.Engine, dsn: str, rate: int, txn: int, seconds: float, first: int, postmaster: int
+    kind: str,
+    engine: sa.Engine,
+    dsn: str,
+    rate: int,
+    txn: int,
+    seconds: float,
+    first: int,
+    postmaster: int,
+    writers: int = 1,
 ) -> dict[str, float]:
     """A writer at ``rate`` changes/s; the reader peeking every 50 ms or streaming: latency per change."""
     with engine.begin() as conn:
         conn.execute(sa.text("SELECT pg_create_logical_replication_slot('live', 'pgoutput')"))
     latencies: list[float] = []
-    writer = multiprocessing.get_context("spawn").Process(target=_writer, args=(dsn, rate, txn, seconds, first))
+    writer = _Writers(dsn, rate, txn, seconds, first, writers)
     try:
         with engine.connect() as conn:
             counter = Counter(loader(conn))
@@ -368,11 +406,10 @@ def live(
         (_live_peek if kind == "peek" else _live_stream)(engine, dsn, writer, counter, latencies)
         writer.join()
         cpu, server = time.process_time() - cpu, server_cpu(postmaster) - server
-        if writer.exitcode != 0:
-            raise RuntimeError(f"the writer failed (exit code {writer.exitcode})")
+        if writer.failed():
+            raise RuntimeError("a writer failed")
     finally:
-        if writer.is_alive():
-            writer.kill()
+        writer.kill()
         _drop_slot(engine, "live")
     latencies.sort()
     n = len(latencies)
@@ -402,6 +439,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--live", type=int, action="append", help="writer changes/s (repeatable; 0: none)")
     parser.add_argument("--live-seconds", type=float, default=10.0)
+    parser.add_argument("--writers", type=int, default=1, help="writer processes sharing a live rate")
     args = parser.parse_args()
     with start_private_postgres(LOGICAL_SETTINGS) as pg:
         dsn = f"host=127.0.0.1 port={pg.port} user=postgres dbname=test"
@@ -434,11 +472,11 @@ def main() -> None:
             rows: dict[str, dict[str, float]] = {}
             for _ in range(2):
                 for kind in ("peek", "stream"):
-                    run = live(kind, engine, dsn, rate, args.txn, args.live_seconds, first, pg.server_pid)
-                    first += int(rate * args.live_seconds) + 10_000
+                    run = live(kind, engine, dsn, rate, args.txn, args.live_seconds, first, pg.server_pid, args.writers)
+                    first += args.writers * (int(rate * args.live_seconds) + 10_000)
                     if kind not in rows or run["p99"] < rows[kind]["p99"]:
                         rows[kind] = run
-            print(f"\nlive: writer offered {rate:,}/s for {args.live_seconds:.0f} s; load {_load()}")
+            print(f"\nlive: {args.writers} writer(s) offered {rate:,}/s for {args.live_seconds:.0f} s; load {_load()}")
             print("| read | decoded/s | p50 s | p99 s | client CPU µs/change | server CPU µs/change |")
             print("|---|---:|---:|---:|---:|---:|")
             for kind, r in rows.items():
