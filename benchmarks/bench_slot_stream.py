@@ -298,8 +298,8 @@ def _writer(dsn: str, rate: float, txn: int, seconds: float, first: int) -> None
         started, i = time.monotonic(), first
         while time.monotonic() - started < seconds:
             due = started + (i - first) / rate
-            if due > time.monotonic():
-                time.sleep(due - time.monotonic())  # the writer's pace
+            if (wait := due - time.monotonic()) > 0:
+                time.sleep(wait)  # the writer's pace
             conn.execute(
                 "INSERT INTO orders (id, version, v, committed_at) SELECT g, g, 'x', extract(epoch FROM "
                 "clock_timestamp()) FROM generate_series(CAST(%s AS int), CAST(%s AS int)) g",
