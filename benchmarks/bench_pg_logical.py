@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_pg_logical.py                  # 50k changes, batches 500 and 1000
     .venv/bin/python benchmarks/bench_pg_logical.py --changes 200000 --txn 1000
+    .venv/bin/python benchmarks/bench_pg_logical.py --decode [--baseline /tmp/base-decode]
 
 Each round creates a table, its publication and slot, writes the changes (inserts, then updates
 of a fifth of the rows and hard deletes of a tenth, in transactions of --txn changes), then:
@@ -14,26 +15,42 @@ poller     : run_tick() until caught up: peek → pgoutput decode → batch → 
 
 Changes per second, the best of --repeat rounds (the machine is shared). The slot and the
 publication are dropped afterwards, even on failure.
+
+``--decode``: the reader's own CPU per change, without the server: the backlog's pgoutput
+messages are peeked once, then replayed (in a subprocess per measurement) through the peek loop
+(``SlotReader._peek`` with the driver's stream replaced by the captured messages: tape, decode,
+filter) and through ``PgLogicalSource.row`` for each change. CPU microseconds (the thread's)
+per change, the best of --rounds runs in each subprocess. ``--baseline DIR`` runs the same in another tree's code
+(``git worktree add /tmp/base-decode main``), interleaved with this tree's, --repeat times.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import pickle
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+# --code DIR: another tree's poller/ and shared/ first (the --decode baseline's subprocess).
+sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1] if "--code" in sys.argv else str(ROOT))
 
-from poller.sources.pg_logical.source import PgLogicalSource
-from poller.state.memory import MemoryStateStore
-from poller.tick.lifecycle import run_tick
-from shared.models import Batch
-from tests.poller.pg_logical_support import LogicalTable, logical_reason
-from tests.support.databases import PG_URL, unreachable_reason
+from poller.sources.pg_logical.source import PgLogicalSource  # noqa: E402
+from poller.state.memory import MemoryStateStore  # noqa: E402
+from poller.tick.lifecycle import run_tick  # noqa: E402
+from shared.models import Batch  # noqa: E402
+from tests.poller.pg_logical_support import LogicalTable, logical_reason  # noqa: E402
+from tests.support.databases import PG_URL, unreachable_reason  # noqa: E402
 
 
 class NullSink:
@@ -115,16 +132,105 @@ def one_round(batch: int, changes: int, txn: int) -> tuple[float, float, float]:
     return rates[0], rates[1], rates[2]
 
 
+def capture(table: LogicalTable) -> list[bytes]:
+    """The slot's whole backlog as pgoutput messages (the ``data`` column, as the source reads it)."""
+    query = (
+        "SELECT data FROM pg_logical_slot_peek_binary_changes(CAST(%(s)s AS name), NULL, NULL, "
+        "'proto_version', '1', 'publication_names', %(p)s)"
+    )
+    with table.engine.connect() as conn:
+        driver: Any = conn.connection.driver_connection
+        with driver.cursor(binary=True) as cursor:
+            cursor.execute(query, {"s": table.config.slot, "p": table.config.publication})
+            return [bytes(row[0]) for row in cursor.fetchall()]
+
+
+def measure_decode(path: str, url: str, name: str, rounds: int) -> dict[str, float]:
+    """In this process's code (see --code): µs per change of the peek loop + decode, and of rows."""
+    from poller.sources.pg_logical import peek
+    from poller.sources.pg_logical.source import PgLogicalSource
+    from shared.models import Lsn
+    from tests.poller.pg_logical_support import poller_config
+
+    messages: list[bytes] = pickle.loads(Path(path).read_bytes())
+
+    def replay(_conn: sa.Connection, _query: str, params: dict[str, Any]) -> Iterator[bytes]:
+        yield from messages[: params["n"]]
+
+    peek.stream = replay  # type: ignore[assignment]  # the captured messages instead of the server's
+    source = PgLogicalSource(poller_config(url, name))
+    reader = peek.SlotReader(source._config, source._relations.wanted)
+    best = {"decode": float("inf"), "rows": float("inf")}
+    with source._engine.connect() as conn:
+        for _ in range(rounds):
+            started = time.thread_time()  # CPU time: what the box's other work does not inflate as much
+            buffer = reader._peek(conn, len(messages) + 1, None, 1 << 40, Lsn(0))
+            decoded = time.thread_time()
+            row = source.row
+            for c in buffer.changes:
+                row(conn, c, None)
+            done = time.thread_time()
+            n = len(buffer.changes)
+            best["decode"] = min(best["decode"], (decoded - started) / n * 1e6)
+            best["rows"] = min(best["rows"], (done - decoded) / n * 1e6)
+        reader.drop_spool()
+    best["changes"] = n
+    return best
+
+
+def decode_figures(args: argparse.Namespace) -> None:
+    """Decode + rows, µs per change: this tree and (``--baseline``) another, interleaved in subprocesses."""
+    table = LogicalTable(PG_URL)
+    try:
+        table.create()
+        n = write_changes(table, args.changes, args.txn)
+        with tempfile.NamedTemporaryFile(suffix=".pickle", delete=False) as f:
+            f.write(pickle.dumps(capture(table)))
+        trees = [("branch", str(ROOT))] + ([("baseline", args.baseline)] if args.baseline else [])
+        results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
+        for _ in range(args.repeat):
+            for label, code in trees:
+                out = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--code", code, "--measure-decode", f.name,
+                     "--table", table.name, "--rounds", str(args.rounds)],
+                    check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": code},
+                )  # fmt: skip
+                results[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        os.unlink(f.name)
+    finally:
+        table.drop()
+    print(f"{n} changes in transactions of {args.txn} (inserts, updates, deletes 100:20:10); "
+          f"best of {args.rounds} runs per subprocess, {args.repeat} subprocesses per tree, interleaved")  # fmt: skip
+    print("| code | peek loop + decode µs/change | rows µs/change | total µs/change | runs (decode+rows) |")
+    print("|---|---:|---:|---:|---|")
+    for label, runs in results.items():
+        dec, rows = min(r["decode"] for r in runs), min(r["rows"] for r in runs)
+        each = ", ".join(f"{r['decode'] + r['rows']:.2f}" for r in runs)
+        print(f"| {label} | {dec:.2f} | {rows:.2f} | {dec + rows:.2f} | {each} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=50_000)
     parser.add_argument("--txn", type=int, default=100, help="changes per source transaction")
     parser.add_argument("--batch", type=int, action="append", help="batch_size (repeatable; default 500 and 1000)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--decode", action="store_true", help="the reader's CPU per change (decode + rows) instead")
+    parser.add_argument("--baseline", help="--decode: another tree to measure interleaved (e.g. /tmp/base-decode)")
+    parser.add_argument("--rounds", type=int, default=5, help="--decode: runs per subprocess (the best counts)")
+    parser.add_argument("--code", help=argparse.SUPPRESS)  # read at import: the tree whose code runs
+    parser.add_argument("--measure-decode", help=argparse.SUPPRESS)  # a --decode subprocess: the messages' file
+    parser.add_argument("--table", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.measure_decode:
+        print(json.dumps(measure_decode(args.measure_decode, PG_URL, args.table, args.rounds)))
+        return
     reason = unreachable_reason(PG_URL) or logical_reason(PG_URL)
     if reason:
         sys.exit(f"cannot run: {reason}")
+    if args.decode:
+        decode_figures(args)
+        return
     print(f"{args.changes} changes in transactions of {args.txn}; best of {args.repeat}")
     print("| batch | raw peek changes/s | poller changes/s | ratio | +events changes/s | ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
