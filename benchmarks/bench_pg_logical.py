@@ -145,6 +145,18 @@ def capture(table: LogicalTable) -> list[bytes]:
             return [bytes(row[0]) for row in cursor.fetchall()]
 
 
+def stream_cpu(table: LogicalTable) -> float:
+    """The client's CPU seconds to stream the whole backlog off the server (no decoding)."""
+    from poller.sources.pg_logical import peek
+
+    params = {"slot": table.config.slot, "n": 1 << 30, "pub": table.config.publication}
+    with table.engine.connect() as conn:
+        started = time.thread_time()
+        for _data in peek.stream(conn, peek._PEEK_SQL, params):
+            pass
+        return time.thread_time() - started
+
+
 def measure_decode(path: str, url: str, name: str, rounds: int) -> dict[str, float]:
     """In this process's code (see --code): µs per change of the peek loop + decode, and of rows."""
     from poller.sources.pg_logical import peek
@@ -186,6 +198,7 @@ def decode_figures(args: argparse.Namespace) -> None:
         n = write_changes(table, args.changes, args.txn)
         with tempfile.NamedTemporaryFile(suffix=".pickle", delete=False) as f:
             f.write(pickle.dumps(capture(table)))
+        streamed = min(stream_cpu(table) for _ in range(args.rounds)) / n * 1e6
         trees = [("branch", str(ROOT))] + ([("baseline", args.baseline)] if args.baseline else [])
         results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
         for _ in range(args.repeat):
@@ -201,6 +214,7 @@ def decode_figures(args: argparse.Namespace) -> None:
         table.drop()
     print(f"{n} changes in transactions of {args.txn} (inserts, updates, deletes 100:20:10); "
           f"best of {args.rounds} runs per subprocess, {args.repeat} subprocesses per tree, interleaved")  # fmt: skip
+    print(f"the driver's stream of the same peek (this tree's peek.stream, unchanged): {streamed:.2f} µs/change of CPU")
     print("| code | peek loop + decode µs/change | rows µs/change | total µs/change | runs (decode+rows) |")
     print("|---|---:|---:|---:|---|")
     for label, runs in results.items():
