@@ -13,7 +13,8 @@ poller     : run_tick() until caught up: peek → pgoutput decode → batch → 
              on the in-memory state store → slot advance
 +events    : the same with a sink that builds every event (ids, envelope fields)
 
-Changes per second, the best of --repeat rounds (the machine is shared). The slot and the
+Changes per second, the best of --repeat rounds (the machine is shared), and the process's CPU
+(every thread's) per change for the poller and +events rounds, the lowest. The slot and the
 publication are dropped afterwards, even on failure.
 
 ``--decode``: the reader's own CPU per change, without the server: the backlog's pgoutput
@@ -102,20 +103,22 @@ def raw_peek(table: LogicalTable) -> float:
     return time.perf_counter() - started
 
 
-def drain(table: LogicalTable, batch: int, sink: NullSink) -> tuple[float, int]:
+def drain(table: LogicalTable, batch: int, sink: NullSink) -> tuple[float, int, float]:
+    """Seconds, rows, and this process's CPU seconds (every thread's) to catch up."""
     config = replace(table.config, batch_size=batch, max_batches_per_tick=1000, lease_ttl_seconds=600)
     source, store = PgLogicalSource(config), MemoryStateStore(config.name)
     rows = 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     while True:
         result = run_tick(config, source, store, sink, owner_id="bench")
         rows += result.rows
         if result.stop_reason == "caught_up":
-            return time.perf_counter() - started, rows
+            return time.perf_counter() - started, rows, time.process_time() - cpu
 
 
-def one_round(batch: int, changes: int, txn: int) -> tuple[float, float, float]:
-    rates = []
+def one_round(batch: int, changes: int, txn: int) -> tuple[float, ...]:
+    """Changes/s of the raw peek, the poller and +events; then the poller's and +events' CPU µs per change."""
+    rates, cpus = [], []
     for measure in ("raw", "poller", "events"):
         table = LogicalTable(PG_URL)
         try:
@@ -124,12 +127,13 @@ def one_round(batch: int, changes: int, txn: int) -> tuple[float, float, float]:
             if measure == "raw":
                 rates.append(n / raw_peek(table))
                 continue
-            seconds, rows = drain(table, batch, EventSink() if measure == "events" else NullSink())
+            seconds, rows, cpu = drain(table, batch, EventSink() if measure == "events" else NullSink())
             assert rows == n, f"delivered {rows} of {n} changes"
             rates.append(n / seconds)
+            cpus.append(cpu / n * 1e6)
         finally:
             table.drop()
-    return rates[0], rates[1], rates[2]
+    return rates[0], rates[1], rates[2], cpus[0], cpus[1]
 
 
 def capture(table: LogicalTable) -> list[bytes]:
@@ -246,14 +250,17 @@ def main() -> None:
         decode_figures(args)
         return
     print(f"{args.changes} changes in transactions of {args.txn}; best of {args.repeat}")
-    print("| batch | raw peek changes/s | poller changes/s | ratio | +events changes/s | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| batch | raw peek changes/s | poller changes/s | ratio | +events changes/s | ratio "
+          "| poller CPU µs/change | +events CPU µs/change |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch in args.batch or [500, 1000]:
-        best = [0.0, 0.0, 0.0]
+        best = [0.0, 0.0, 0.0, float("inf"), float("inf")]
         for _ in range(args.repeat):
-            best = [max(b, r) for b, r in zip(best, one_round(batch, args.changes, args.txn), strict=True)]
-        raw, poller, events = best
-        print(f"| {batch} | {raw:,.0f} | {poller:,.0f} | {poller / raw:.2f} | {events:,.0f} | {events / raw:.2f} |")
+            got = one_round(batch, args.changes, args.txn)
+            best = [max(best[i], got[i]) for i in range(3)] + [min(best[i], got[i]) for i in (3, 4)]
+        raw, poller, events, poller_cpu, events_cpu = best
+        print(f"| {batch} | {raw:,.0f} | {poller:,.0f} | {poller / raw:.2f} | {events:,.0f} | {events / raw:.2f} "
+              f"| {poller_cpu:.1f} | {events_cpu:.1f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
