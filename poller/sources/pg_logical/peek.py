@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from poller.sources.pg_logical.pgoutput import Change, Decoder
+from poller.sources.pg_logical.pgoutput import Change, Decoder, TypeLoaders
 from poller.sources.pg_logical.spool import Spool
 from poller.sources.pg_logical.values import as_text, base_type
 from shared.config import PollerConfig
@@ -161,21 +161,25 @@ class SlotReader:
         changes: list[Change] = []
         read, stopped = 0, False
         tape = _Tape()
+        feed, wanted, write = decoder.feed, self._wanted, tape.write
         try:
             with closing(stream(conn, _PEEK_SQL, {"slot": self._slot, "n": n, "pub": self._publication})) as rows:
                 for data in rows:
                     read += 1
-                    tape.write(data)
-                    changes.extend(c for c in decoder.feed(data) if self._wanted(c))
+                    write(data)
+                    done = feed(data)  # a transaction's changes, at its Commit
+                    if done:
+                        changes.extend([c for c in done if wanted(c)])
                     if len(changes) + decoder.pending >= keep:
                         stopped = True
-                        changes.extend(c for c in decoder.partial() if self._wanted(c))
+                        changes.extend([c for c in decoder.partial() if wanted(c)])
                         break
                 if stopped and decoder.in_transaction:
                     self._spool_rest(tape.spool(), rows, changes)
         finally:
             tape.close()  # what was not kept
-        return Buffer(changes, [c.key for c in changes], not stopped and read < n, flushed, read)
+        keys: list[tuple[int, int]] = [(c.commit_lsn, c.seq) for c in changes]  # each change's key
+        return Buffer(changes, keys, not stopped and read < n, flushed, read)
 
     def _spool_rest(self, spool: Spool, rows: Iterator[bytes], changes: list[Change]) -> None:
         """Read the rest of the transaction the peek stopped in into ``spool``; keep it when its
@@ -267,24 +271,38 @@ def stream(conn: sa.Connection, query: str, params: dict[str, Any]) -> Generator
             conn.rollback()  # "current transaction is aborted" otherwise, on every tick (issue 33)
 
 
-def loader(conn: sa.Connection) -> Any:
+def loader(conn: sa.Connection) -> TypeLoaders:
     """Text → Python with psycopg's own loaders: the same types a keyset fetch returns."""
-    # Imported here, not at module level: psycopg is an optional driver (requirements-drivers.txt),
-    # and apps whose pollers are keyset or outbox on another database never install it.
-    from psycopg.adapt import Transformer
-    from psycopg.pq import Format
+    return _PsycopgLoaders(conn)
 
-    driver = conn.connection.driver_connection
-    tx = Transformer(driver)
-    loaders: dict[int, Any] = {}
 
-    def load(oid: int, data: bytes) -> Any:
-        loader = loaders.get(oid)
-        if loader is None:  # a domain as its base type (docs/types.md)
-            loader = loaders[oid] = tx.get_loader(base_type(conn, oid), Format.TEXT)
+class _PsycopgLoaders:
+    """psycopg's text loaders of one connection, each type's looked up once (a domain as its base type:
+    docs/types.md); a value one refuses arrives as its text (:func:`~poller.sources.pg_logical.values.as_text`)."""
+
+    def __init__(self, conn: sa.Connection) -> None:
+        # Imported here, not at module level: psycopg is an optional driver (requirements-drivers.txt),
+        # and apps whose pollers are keyset or outbox on another database never install it.
+        from psycopg.adapt import Transformer
+
+        self._conn = conn
+        self._tx = Transformer(conn.connection.driver_connection)
+        self._loads: dict[int, Callable[[bytes], Any]] = {}
+
+    def for_type(self, oid: int) -> Callable[[bytes], Any]:
+        load = self._loads.get(oid)
+        if load is None:
+            from psycopg.pq import Format
+
+            load = self._loads[oid] = self._tx.get_loader(base_type(self._conn, oid), Format.TEXT).load
+        return load
+
+    def refused(self, oid: int, data: bytes, exc: Exception) -> Any:
+        return as_text(oid, data, exc)
+
+    def __call__(self, oid: int, data: bytes) -> Any:
+        load = self.for_type(oid)
         try:
-            return loader.load(data)
+            return load(data)
         except Exception as exc:
-            return as_text(oid, data, exc)
-
-    return load
+            return self.refused(oid, data, exc)

@@ -12,34 +12,69 @@ Python values by a ``load(type_oid, text)`` callable (the source uses psycopg's 
 values have exactly the types the keyset source gives). An unchanged TOASTed column is taken from
 the old row when the table has ``REPLICA IDENTITY FULL``; otherwise it is left out of the new row
 and named in :attr:`Change.unchanged`.
+
+Why it reads bytes by hand: this is the reader's hottest loop (every change of the slot passes
+here), so a message is parsed with integer offsets into its bytes and one ``struct`` call per
+field group, and each relation gets a plan (its columns, and each column's loader, looked up
+once) instead of per-field method calls. Anything it does not know stops it
+(:class:`~shared.errors.SourceError`): a message type, a column kind, more columns than the
+relation has, a change before its relation; nothing is skipped.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Callable, Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from shared.errors import SourceError
 from shared.models import Lsn
 
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
-__all__ = ["Change", "Decoder", "Loader", "Relation"]
+__all__ = ["Change", "Decoder", "Loader", "Relation", "TypeLoaders"]
 
 Loader = Callable[[int, bytes], Any]
 ChangeKind = Literal["insert", "update", "delete", "truncate"]
 
-_I8 = struct.Struct(">b")
+
+class TypeLoaders(Protocol):
+    """A :data:`Loader` that also hands out one type's loader, looked up once (the fast path)."""
+
+    def __call__(self, oid: int, data: bytes) -> Any: ...
+
+    def for_type(self, oid: int) -> Callable[[bytes], Any]:
+        """The loader of one type OID's text (may raise on a value it cannot load: see :meth:`refused`)."""
+        ...
+
+    def refused(self, oid: int, data: bytes, exc: Exception) -> Any:
+        """The value of ``data`` that ``for_type(oid)`` raised ``exc`` on (or raise)."""
+        ...
+
+
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
-_U64 = struct.Struct(">Q")
+_U32_AT_1 = struct.Struct(">xI")  # a change or Relation message: its relation OID after the tag
+_BEGIN = struct.Struct(">xQqI")  # final (commit) LSN, commit time, xid
+_COMMIT = struct.Struct(">xbQQ")  # flags, commit LSN, end LSN
+_TRUNCATE = struct.Struct(">xib")  # relations, options
+_FLAGS = struct.Struct(">b")  # a column's flags, then its name (a C string)
+_TYPE = struct.Struct(">Ii")  # type OID, typmod
 
-_UNCHANGED = object()  # an unchanged TOASTed value: not sent
+# Message and column tags, as the byte values a message's bytes index to.
+_B, _C, _R, _I, _U, _D, _T = b"BCRIUDT"
+_ROWS = frozenset(b"IUD")
+_IGNORED = frozenset(b"YOM")  # type, origin, message: nothing a change event needs
+_KEY, _OLD, _NEW = b"KON"
+_OLD_TUPLE = frozenset(b"KO")
+_TEXT, _NULL, _TOAST = b"tnu"
+
+_UNCHANGED: Any = object()  # an unchanged TOASTed value: not sent
+_NONE: tuple[Change, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +88,10 @@ class Relation:
     columns: tuple[str, ...]
     type_oids: tuple[int, ...]
     key_columns: tuple[str, ...]  # flagged as part of the replica identity
+    qualified: str = field(init=False, repr=False, compare=False)  # "schema.name", made once
 
-    @property
-    def qualified(self) -> str:
-        return f"{self.schema}.{self.name}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "qualified", f"{self.schema}.{self.name}")
 
 
 @dataclass(slots=True)
@@ -67,6 +102,8 @@ class Change:
     the transaction from 0 (relations, begin and commit are not counted), so ``(commit_lsn, seq)``
     is a total order that does not depend on where a peek started. ``end_lsn`` is the LSN just
     past the commit record: advancing the slot there consumes the whole transaction.
+
+    ``new`` and ``old`` are read-only once made: a row built from the change shares them.
     """
 
     commit_lsn: Lsn
@@ -98,85 +135,109 @@ class Change:
         return _PG_EPOCH + dt.timedelta(microseconds=self.commit_time_us)
 
 
-class _Reader:
-    __slots__ = ("_buf", "_pos")
+class _Plan:
+    """How one relation's tuples are read: its columns and their loaders (each looked up at its first value)."""
 
-    def __init__(self, buf: bytes) -> None:
-        self._buf = buf
-        self._pos = 0
+    __slots__ = ("columns", "keys", "loads", "oids", "relation", "width")
 
-    def take(self, fmt: struct.Struct) -> Any:
-        (value,) = fmt.unpack_from(self._buf, self._pos)
-        self._pos += fmt.size
-        return value
+    def __init__(self, relation: Relation) -> None:
+        self.relation = relation
+        self.columns = relation.columns
+        self.keys = relation.key_columns
+        self.oids = relation.type_oids
+        self.width = len(relation.columns)
+        self.loads: list[Callable[[bytes], Any] | None] = [None] * self.width
 
-    def byte(self) -> str:
-        value = chr(self._buf[self._pos])
-        self._pos += 1
-        return value
 
-    def string(self) -> str:
-        end = self._buf.index(b"\0", self._pos)
-        value = self._buf[self._pos : end].decode("utf-8")
-        self._pos = end + 1
-        return value
+class _Plain:
+    """A plain ``load(oid, data)`` as :class:`TypeLoaders` (its errors are raised as they are)."""
 
-    def raw(self, n: int) -> bytes:
-        value = self._buf[self._pos : self._pos + n]
-        self._pos += n
-        return bytes(value)
+    __slots__ = ("_load",)
+
+    def __init__(self, load: Loader) -> None:
+        self._load = load
+
+    def __call__(self, oid: int, data: bytes) -> Any:
+        return self._load(oid, data)
+
+    def for_type(self, oid: int) -> Callable[[bytes], Any]:
+        load = self._load
+        return lambda data: load(oid, data)
+
+    def refused(self, oid: int, data: bytes, exc: Exception) -> Any:
+        raise exc
 
 
 class Decoder:
     """Stateful: relations persist across messages of one peek (each peek re-sends the ones it uses)."""
 
-    def __init__(self, load: Loader, skip_through: tuple[int, int] | None = None) -> None:
-        self._load = load
+    def __init__(self, load: Loader | TypeLoaders, skip_through: tuple[int, int] | None = None) -> None:
+        self._loaders: TypeLoaders = load if hasattr(load, "for_type") else _Plain(load)  # type: ignore[assignment]
+        self._by_type: dict[int, Callable[[bytes], Any]] = {}
         # Changes at or before this (commit LSN, seq) are only counted, not parsed: a peek
         # re-reads what the slot still holds, and the checkpoint already covers them.
         self._skip = skip_through
         self.relations: dict[int, Relation] = {}
+        self._plans: dict[int, _Plan] = {}
         self._txn: tuple[Lsn, int, int] | None = None  # commit LSN, xid, commit time
+        self._skip_seq = -1  # this transaction's changes up to this seq are skipped (see _skip)
         self._seq = 0
         self._pending: list[Change] = []
 
-    def feed(self, data: bytes) -> Iterator[Change]:
-        """Decode one message. Changes are yielded at the transaction's Commit (with its end LSN)."""
-        r = _Reader(data)
-        tag = r.byte()
-        if tag == "B":
-            final_lsn, commit_time, xid = r.take(_U64), r.take(_I64), r.take(_U32)
-            self._txn, self._seq, self._pending = (Lsn(final_lsn), xid, commit_time), 0, []
-        elif tag == "C":
-            yield from self._commit(r)
-        elif tag == "R":
-            self._relation(r)
-        elif tag in "IUDT":
-            if self._txn is None:
+    def feed(self, data: bytes) -> Sequence[Change]:
+        """Decode one message. Changes are returned at the transaction's Commit (with its end LSN)."""
+        tag = data[0]
+        if tag in _ROWS:
+            txn = self._txn
+            if txn is None:
                 raise SourceError("pgoutput: a change arrived outside a transaction (Begin missing)")
-            if self._skip is not None and (self._txn[0], self._seq) <= self._skip:
+            if self._seq <= self._skip_seq:
                 self._seq += 1
             else:
-                self._pending.extend(self._change(tag, r))
-        # 'Y' (type), 'O' (origin), 'M' (message): nothing a change event needs.
+                self._pending.append(self._row(tag, data, txn))
+            return _NONE
+        if tag == _B:
+            final_lsn, commit_time, xid = _BEGIN.unpack_from(data)
+            lsn = Lsn(final_lsn)
+            self._txn, self._seq, self._pending = (lsn, xid, commit_time), 0, []
+            skip = self._skip
+            if skip is None or lsn > skip[0]:
+                self._skip_seq = -1
+            else:
+                self._skip_seq = skip[1] if lsn == skip[0] else sys.maxsize
+            return _NONE
+        if tag == _C:
+            return self._commit(data)
+        if tag == _R:
+            self._relation(data)
+            return _NONE
+        if tag == _T:
+            txn = self._txn
+            if txn is None:
+                raise SourceError("pgoutput: a change arrived outside a transaction (Begin missing)")
+            if self._seq <= self._skip_seq:
+                self._seq += 1
+            else:
+                self._pending.append(self._truncate(data, txn))
+            return _NONE
+        if tag in _IGNORED:
+            return _NONE
+        raise SourceError(f"pgoutput: unknown message type {chr(tag)!r}")
 
-    def _commit(self, r: _Reader) -> Iterator[Change]:
-        r.take(_I8)  # flags (unused)
-        r.take(_U64)  # the commit LSN, known since Begin
-        end_lsn = Lsn(r.take(_U64))
+    def _commit(self, data: bytes) -> list[Change]:
+        end_lsn = Lsn(_COMMIT.unpack_from(data)[2])
         pending, self._pending, self._txn = self._pending, [], None
-        for change in pending:
-            change.end_lsn = end_lsn
         if pending:
+            for change in pending:
+                change.end_lsn = end_lsn
             pending[-1].last_in_txn = True  # skipped changes are a prefix: this one ends the transaction
-        yield from pending
+        return pending
 
     def resume(self, begin: bytes, relations: Iterable[bytes], seq: int) -> None:
         """Continue a transaction mid-way (a spool's seek point, :mod:`poller.sources.pg_logical.spool`): its
         Begin message, the Relation messages in effect there, and the ``seq`` of the next change."""
         for data in (begin, *relations):
-            for _ in self.feed(data):
-                pass
+            self.feed(data)
         self._seq = seq
 
     @property
@@ -186,7 +247,7 @@ class Decoder:
 
     @property
     def pending(self) -> int:
-        """Changes of the transaction being read (yielded at its Commit)."""
+        """Changes of the transaction being read (returned at its Commit)."""
         return len(self._pending)
 
     def partial(self) -> list[Change]:
@@ -195,81 +256,122 @@ class Decoder:
         pending, self._pending = self._pending, []
         return pending
 
-    def _relation(self, r: _Reader) -> None:
-        oid, schema, name, identity = r.take(_U32), r.string(), r.string(), r.byte()
+    def _relation(self, data: bytes) -> None:
+        (oid,) = _U32_AT_1.unpack_from(data)
+        schema, pos = _string(data, 5)
+        name, pos = _string(data, pos)
+        identity = chr(data[pos])
+        (count,) = _I16.unpack_from(data, pos + 1)
+        pos += 3
         columns, types, keys = [], [], []
-        for _ in range(r.take(_I16)):
-            flags, column, type_oid = r.take(_I8), r.string(), r.take(_U32)
-            r.take(_I32)  # typmod
+        for _ in range(count):
+            (flags,) = _FLAGS.unpack_from(data, pos)
+            column, pos = _string(data, pos + 1)
+            type_oid, _typmod = _TYPE.unpack_from(data, pos)
+            pos += _TYPE.size
             columns.append(column)
             types.append(type_oid)
             if flags & 1:
                 keys.append(column)
-        self.relations[oid] = Relation(oid, schema or "pg_catalog", name, identity, tuple(columns),
-                                       tuple(types), tuple(keys))  # fmt: skip
+        relation = Relation(oid, schema or "pg_catalog", name, identity, tuple(columns), tuple(types), tuple(keys))
+        self.relations[oid] = relation
+        self._plans[oid] = _Plan(relation)
 
-    def _rel(self, oid: int) -> Relation:
+    def _plan(self, oid: int) -> _Plan:
         try:
-            return self.relations[oid]
+            return self._plans[oid]
         except KeyError:
             raise SourceError(f"pgoutput: change for relation {oid} before its Relation message") from None
 
-    def _change(self, tag: str, r: _Reader) -> Iterator[Change]:
-        assert self._txn is not None
-        lsn, xid, at = self._txn
-        if tag == "T":
-            count, _options = r.take(_I32), r.take(_I8)
-            rels = tuple(self._rel(r.take(_U32)) for _ in range(count))
-            yield self._make(lsn, xid, at, "truncate", rels[0], truncated=rels)
-            return
-        rel = self._rel(r.take(_U32))
-        old: dict[str, Any] | None = None
-        old_is_key = False
-        part = r.byte()
-        if part in "KO":  # Update/Delete: the old key, or the whole old row (REPLICA IDENTITY FULL)
-            old_is_key = part == "K"
-            old = self._tuple(r, rel)
-            if old_is_key:
-                old = {c: old[c] for c in rel.key_columns if c in old}
-            if tag == "U":
-                part = r.byte()
-        if tag == "D":
-            yield self._make(lsn, xid, at, "delete", rel, old=_known(old), old_is_key=old_is_key)
-            return
-        if part != "N":
-            raise SourceError(f"pgoutput: expected a new tuple ('N') in {tag!r}, got {part!r}")
-        new = self._tuple(r, rel)
-        unchanged = tuple(c for c, v in new.items() if v is _UNCHANGED)
-        if unchanged and old is not None and not old_is_key:
-            new.update({c: old[c] for c in unchanged})  # FULL identity: the old row has the value
-            unchanged = ()
-        kind: ChangeKind = "insert" if tag == "I" else "update"
-        yield self._make(lsn, xid, at, kind, rel, new=_known(new), old=_known(old), old_is_key=old_is_key,
-                         unchanged=unchanged)  # fmt: skip
-
-    def _make(self, lsn: Lsn, xid: int, at: int, kind: ChangeKind, rel: Relation, **kw: Any) -> Change:
-        change = Change(commit_lsn=lsn, end_lsn=lsn, seq=self._seq, xid=xid, commit_time_us=at, kind=kind,
-                        relation=rel, **kw)  # fmt: skip
+    def _truncate(self, data: bytes, txn: tuple[Lsn, int, int]) -> Change:
+        count, _options = _TRUNCATE.unpack_from(data)
+        rels = tuple(self._plan(_U32.unpack_from(data, 6 + 4 * i)[0]).relation for i in range(count))
+        lsn, xid, at = txn
+        change = Change(lsn, lsn, self._seq, xid, at, "truncate", rels[0], truncated=rels)
         self._seq += 1
         return change
 
-    def _tuple(self, r: _Reader, rel: Relation) -> dict[str, Any]:
-        count = r.take(_I16)
-        if count > len(rel.columns):
-            raise SourceError(f"pgoutput: {count} columns for {rel.qualified}, which has {len(rel.columns)}")
+    def _row(self, tag: int, data: bytes, txn: tuple[Lsn, int, int]) -> Change:
+        """An Insert, Update or Delete message: its tuples, read with the relation's plan."""
+        plan = self._plan(_U32_AT_1.unpack_from(data)[0])
+        part, pos = data[5], 6
+        old: dict[str, Any] | None = None
+        old_is_key = old_partial = False
+        if part in _OLD_TUPLE:  # Update/Delete: the old key, or the whole old row (REPLICA IDENTITY FULL)
+            old_is_key = part == _KEY
+            old, pos, old_partial = self._tuple(data, pos, plan)
+            if old_is_key:
+                old = {c: old[c] for c in plan.keys if c in old}
+            if tag == _U:
+                part, pos = data[pos], pos + 1
+        lsn, xid, at = txn
+        seq = self._seq
+        self._seq = seq + 1
+        if tag == _D:
+            if old_partial:
+                old = _known(old)
+            return Change(lsn, lsn, seq, xid, at, "delete", plan.relation, None, old, old_is_key)
+        if part != _NEW:
+            raise SourceError(f"pgoutput: expected a new tuple ('N') in {chr(tag)!r}, got {chr(part)!r}")
+        new: dict[str, Any] | None
+        new, pos, new_partial = self._tuple(data, pos, plan)
+        unchanged: tuple[str, ...] = ()
+        if new_partial:
+            unchanged = tuple(c for c, v in new.items() if v is _UNCHANGED)
+            if old is not None and not old_is_key:
+                new.update({c: old[c] for c in unchanged})  # FULL identity: the old row has the value
+                unchanged = ()
+            new = _known(new)
+        if old_partial:
+            old = _known(old)
+        kind: ChangeKind = "insert" if tag == _I else "update"
+        return Change(lsn, lsn, seq, xid, at, kind, plan.relation, new, old, old_is_key, unchanged)
+
+    def _tuple(self, data: bytes, pos: int, plan: _Plan) -> tuple[dict[str, Any], int, bool]:
+        """The tuple at ``pos``: its values by column, where the message goes on, and whether an
+        unchanged TOASTed value (not sent) is among them."""
+        (count,) = _I16.unpack_from(data, pos)
+        if count > plan.width:
+            raise SourceError(f"pgoutput: {count} columns for {plan.relation.qualified}, which has {plan.width}")
+        pos += 2
+        columns, loads = plan.columns, plan.loads
+        unpack = _I32.unpack_from
         values: dict[str, Any] = {}
+        partial = False
         for i in range(count):
-            kind = r.byte()
-            column = rel.columns[i]
-            if kind == "n":
-                values[column] = None
-            elif kind == "u":
-                values[column] = _UNCHANGED
-            elif kind == "t":
-                values[column] = self._load(rel.type_oids[i], r.raw(r.take(_I32)))
+            kind = data[pos]
+            if kind == _TEXT:
+                end = pos + 5 + unpack(data, pos + 1)[0]
+                text = data[pos + 5 : end]
+                pos = end
+                load = loads[i]
+                if load is None:
+                    load = loads[i] = self._type_loader(plan.oids[i])
+                try:
+                    values[columns[i]] = load(text)
+                except Exception as exc:
+                    values[columns[i]] = self._loaders.refused(plan.oids[i], text, exc)
+            elif kind == _NULL:
+                values[columns[i]] = None
+                pos += 1
+            elif kind == _TOAST:
+                values[columns[i]] = _UNCHANGED
+                partial = True
+                pos += 1
             else:
-                raise SourceError(f"pgoutput: unknown column kind {kind!r} in {rel.qualified}")
-        return values
+                raise SourceError(f"pgoutput: unknown column kind {chr(kind)!r} in {plan.relation.qualified}")
+        return values, pos, partial
+
+    def _type_loader(self, oid: int) -> Callable[[bytes], Any]:
+        load = self._by_type.get(oid)
+        if load is None:
+            load = self._by_type[oid] = self._loaders.for_type(oid)
+        return load
+
+
+def _string(data: bytes, pos: int) -> tuple[str, int]:
+    end = data.index(b"\0", pos)
+    return data[pos:end].decode("utf-8"), end + 1
 
 
 def _known(values: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -36,6 +36,9 @@ TRUNCATE_NOTE = "truncate"
 
 Key = tuple[int, int]
 
+# What a relation's changes are to the poller (Relations.wanted).
+_LISTED, _SIGNAL, _UNKNOWN = "listed", "signal", "unknown"
+
 
 @dataclass(frozen=True, slots=True)
 class Truncate:
@@ -54,17 +57,26 @@ class Relations:
         self._warn_once = warn_once
         self._truncates: dict[Key, Truncate] = {}  # seen, not yet behind a landed checkpoint
         self._counted: Key = (-1, -1)  # the last unknown relation's change counted (re-peeks read it again)
+        self._verdicts: dict[tuple[str, str], str] = {}  # (schema, name) -> _LISTED, _SIGNAL or _UNKNOWN
 
     def wanted(self, change: Change) -> bool:
         """Whether the stream gets ``change`` (its tables', and the signal rows of this poller)."""
         if change.kind == "truncate":
             self._truncated(change)
             return False
-        if change.relation.qualified == self._config.signal_table:  # ours only: other pollers share the table
-            return signal_of(change.new, self._config.name) is not None
-        if listed(change.relation, self._config.tables):
+        rel = change.relation
+        where = (rel.schema, rel.name)
+        verdict = self._verdicts.get(where)
+        if verdict is None:  # once per relation: the same name always gets the same verdict
+            verdict = self._verdicts[where] = (
+                _SIGNAL if rel.qualified == self._config.signal_table
+                else _LISTED if listed(rel, self._config.tables) else _UNKNOWN
+            )  # fmt: skip
+        if verdict is _LISTED:
             return True
-        name = change.relation.qualified
+        if verdict is _SIGNAL:  # ours only: other pollers share the table
+            return signal_of(change.new, self._config.name) is not None
+        name = rel.qualified
         self._warn_once(
             f"unknown-{name}",
             "a change of %s arrived from the slot, which is not in tables: it is not delivered (a partition "

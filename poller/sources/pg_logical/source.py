@@ -121,6 +121,8 @@ class PgLogicalSource:
             }
         )
         self._pks: dict[int, tuple[str, ...]] = {}
+        self._fixed_pk = config.pk or None  # the configured key, for every table
+        self._commit_time: tuple[int, dt.datetime | None] = (-1, None)  # the last change's (see row)
         self._signal = config.signal_table
         chunks = ChunkReader(config, self._engine)
         self._snapshots: SnapshotCoordinator[Change] = SnapshotCoordinator(config, self, chunks)
@@ -318,31 +320,34 @@ class PgLogicalSource:
         return str(Lsn(key[0]))
 
     def row(self, conn: sa.Connection, c: Change, state: SnapshotState | None) -> SourceRow:
-        pk_cols = self._pk(conn, c.relation)
-        deleted = c.kind == "delete"
+        rel, kind = c.relation, c.kind
+        pk_cols = self._fixed_pk or self._pks.get(rel.oid) or self._pk(conn, rel)
+        deleted = kind == "delete"
         image = c.old if deleted else c.new
         assert image is not None or deleted
-        source = image or {}
-        missing = [p for p in pk_cols if p not in source]
-        if missing:
+        try:
+            pk = {p: image[p] for p in pk_cols}  # type: ignore[index]  # None: below
+        except (KeyError, TypeError):
+            missing = [p for p in pk_cols if p not in (image or {})]
             raise SourceError(
-                f"poller {self._config.name}: {c.kind} on {c.relation.qualified} at {c.commit_lsn} lacks key "
+                f"poller {self._config.name}: {kind} on {rel.qualified} at {c.commit_lsn} lacks key "
                 f"column(s) {missing}",
-                hint=f"give {c.relation.qualified} a primary key (or REPLICA IDENTITY FULL), or set pk to its key",
-            )
+                hint=f"give {rel.qualified} a primary key (or REPLICA IDENTITY FULL), or set pk to its key",
+            ) from None
         before = c.old
-        if c.kind == "update" and c.old_is_key and c.old is not None:
-            before = {p: c.old[p] for p in pk_cols if p in c.old}  # the key changed: the old key
+        if before is not None and c.old_is_key and kind == "update":
+            before = {p: before[p] for p in pk_cols if p in before}  # the key changed: the old key
+        at_us, at = self._commit_time
+        if at_us != c.commit_time_us:  # a transaction's changes share it: made once for all of them
+            at = c.commit_time
+            self._commit_time = (c.commit_time_us, at)
         fields = EventFields(
-            pk={p: source[p] for p in pk_cols},
-            cursor=(c.commit_lsn, c.seq),
-            change=c.kind,
-            before=before,
-            table=c.relation.qualified,
-            committed_at=c.commit_time,
+            pk=pk, cursor=(c.commit_lsn, c.seq), change=kind, before=before, table=rel.qualified, committed_at=at
         )
-        # A delete has no new row: no values (the event's after is null; its old image is before).
-        return SourceRow(Position(c.commit_lsn, {"seq": c.seq}, state), dict(c.new or {}), deleted, fields)
+        # A delete has no new row: no values (the event's after is null; its old image is before). The
+        # change's own dict is shared, not copied: neither the row nor the change is changed later.
+        new = c.new
+        return SourceRow(Position(c.commit_lsn, {"seq": c.seq}, state), new if new is not None else {}, deleted, fields)
 
     def _pk(self, conn: sa.Connection, rel: Relation) -> tuple[str, ...]:
         if self._config.pk:
