@@ -235,6 +235,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, action="append", help="batch_size (repeatable; default 500 and 1000)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--gc-threshold", type=int, help="gc.set_threshold(N) first: the cyclic GC's share of the CPU")
+    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() first, as function_app.py does")
     parser.add_argument("--decode", action="store_true", help="the reader's CPU per change (decode + rows) instead")
     parser.add_argument("--baseline", help="--decode: another tree to measure interleaved (e.g. /tmp/base-decode)")
     parser.add_argument("--rounds", type=int, default=5, help="--decode: runs per subprocess (the best counts)")
@@ -244,6 +245,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.gc_threshold:
         gc.set_threshold(args.gc_threshold)
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
     if args.measure_decode:
         print(json.dumps(measure_decode(args.measure_decode, PG_URL, args.table, args.rounds)))
         return

@@ -183,3 +183,24 @@ def test_indexing_the_app_prints_no_auth_level_warning_and_hides_no_other(
     assert "Auth level" not in done.stderr, done.stderr
     # While any other warning on the same (root) logger is still printed
     assert "WARNING:root:another warning: still shown" in done.stderr
+
+
+@pytest.mark.parametrize(("before", "after"), [(700, 20_000), (50_000, 50_000)])
+def test_importing_the_app_raises_the_young_gc_threshold_and_keeps_a_higher_one(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    import subprocess
+
+    # Given a process whose young-generation threshold is `before` (700: CPython's default)
+    (tmp_path / "app.toml").write_text(CONFIG)
+    env = {"DBFANOUT_CONFIG": str(tmp_path / "app.toml"), "ORDERS_DB_URL": "sqlite://", "PATH": ""}
+    root = Path(__file__).resolve().parents[2]
+    script = (
+        f"import gc, sys; sys.path.insert(0, {str(root)!r}); gc.set_threshold({before}, 11, 12)\n"
+        "import function_app\nprint(*gc.get_threshold())"
+    )
+    # When it imports the app
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    # Then the young generation is collected every `after` allocations, the older thresholds untouched
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(after), "11", "12"]
