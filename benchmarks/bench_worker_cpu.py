@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import subprocess
@@ -132,8 +133,36 @@ def measure(call: Callable[[], object], seconds: float) -> float:
 
 
 def one_round(events: int, seconds: float) -> dict[str, float]:
-    """µs per event of each stage, measured once."""
-    return {name: measure(call, seconds) / events * 1e6 for name, call in stages(events).items()}
+    """CPU µs per event of each stage, measured once, and of it the cyclic collector's (``gc:<stage>``).
+
+    The heap is what the stages imported and built (tens of thousands of objects, fewer than a
+    host's). A checkout whose host freezes the heap once started (``dbfanout.host.host.freeze_heap``)
+    has it frozen here too, as ``dbfanout run`` does before it serves.
+    """
+    calls = stages(events)
+    import dbfanout.host.host as host
+
+    freeze = getattr(host, "freeze_heap", None)
+    if freeze is not None:
+        freeze()
+    collecting = [0.0, 0.0]  # total, started
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collecting[1] = time.thread_time()
+        else:
+            collecting[0] += time.thread_time() - collecting[1]
+
+    gc.callbacks.append(on_gc)
+    out: dict[str, float] = {}
+    for name, call in calls.items():
+        collecting[0] = 0.0
+        per_call = measure(call, seconds)
+        calls_made = seconds / per_call  # about: measure ran for ``seconds`` of CPU
+        out[name] = per_call / events * 1e6
+        out["gc:" + name] = collecting[0] / calls_made / events * 1e6
+    gc.callbacks.remove(on_gc)
+    return out
 
 
 def _child(dir_: str, events: int, seconds: float) -> dict[str, float]:
@@ -175,14 +204,16 @@ def main() -> None:
     for _ in range(args.rounds):
         for code, dir_ in codes.items():
             rounds[code].append(_child(dir_, args.events, args.seconds))
-            print(f"{code:<9}", "  ".join(f"{k} {v:6.2f}" for k, v in rounds[code][-1].items()), file=sys.stderr)
+            line = "  ".join(f"{k} {v:6.2f}" for k, v in rounds[code][-1].items())
+            print(f"{code:<9} {line}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({"load": os.getloadavg(), "rounds": rounds}, indent=2))
         return
     print(f"µs per event of a {args.events}-event message, best of {args.rounds} (load average {os.getloadavg()})")
-    print(f"{'code':<9} " + " ".join(f"{s:>9}" for s in STAGES))
+    print(f"{'code':<9} " + " ".join(f"{s:>9} {'(gc)':>6}" for s in STAGES))
     for code, results in rounds.items():
-        print(f"{code:<9} " + " ".join(f"{min(r[s] for r in results):9.2f}" for s in STAGES))
+        best = [min(results, key=lambda r, s=s: r[s]) for s in STAGES]  # type: ignore[misc]
+        print(f"{code:<9} " + " ".join(f"{r[s]:9.2f} {r['gc:' + s]:6.2f}" for s, r in zip(STAGES, best, strict=True)))
 
 
 if __name__ == "__main__":
