@@ -36,20 +36,30 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.messages import OutgoingMessage
 
 STAGES = ("decode", "worker", "function")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def body(events: int) -> bytes:
-    """A pg_logical-shaped message body of ``events`` events (one message, as the poller packs it)."""
+def body(events: int, message: int = 0) -> bytes:
+    """A pg_logical-shaped message body of ``events`` events (one message, as the poller packs it);
+    ``message``: its place in a stream of them (distinct event ids, later LSNs and times)."""
+    return page(events, message).body
+
+
+def page(events: int, message: int = 0) -> OutgoingMessage:
+    """The message :func:`body` is the body of."""
     from shared.messages import pack_batch
     from shared.models import Batch, Lsn, RowChange
 
     base = dt.datetime(2026, 11, 29, 1, 0, tzinfo=dt.UTC)
     changes = []
-    for i in range(events):
+    for j in range(events):
+        i = message * events + j
         txn = i // 10
         committed = base + dt.timedelta(milliseconds=7 * txn, microseconds=13 * txn)
         after = {"id": i, "version": 1, "v": f"row {i} " + "x" * 24, "committed_at": committed.timestamp()}
@@ -66,9 +76,9 @@ def body(events: int) -> bytes:
                 committed_at=committed,
             )
         )
-    batch = Batch("orders", "batch-1", "sha256:bench", tuple(changes), read_at=base)
-    (message,) = pack_batch(batch, 1024 * 1024)
-    return message.body
+    batch = Batch("orders", f"batch-{message}", "sha256:bench", tuple(changes), read_at=base)
+    (out,) = pack_batch(batch, 1024 * 1024)
+    return out
 
 
 def _noop(events: list[Any], context: Any) -> None:
