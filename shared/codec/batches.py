@@ -135,12 +135,19 @@ def decode_events(raws: list[Any], poller: str, *, epoch: int = 0) -> tuple[RowC
                     if type(tag) is list_:  # a composite cursor: a tuple, each part under its tag
                         if type(cursor) is not list_ or len(cursor) != len(tag):
                             raise _Slow
-                        cursor = tuple(
-                            [
-                                part if t is None else _decode_shared(part, t, shared)
-                                for part, t in zip(cursor, tag, strict=True)
-                            ]
-                        )
+                        if len(tag) == 2:  # a log source's (position, seq): no list, no zip
+                            (first, second), (t1, t2) = cursor, tag
+                            cursor = (
+                                first if t1 is None else _decode_shared(first, t1, shared),
+                                second if t2 is None else _decode_shared(second, t2, shared),
+                            )
+                        else:
+                            cursor = tuple(
+                                [
+                                    part if t is None else _decode_shared(part, t, shared)
+                                    for part, t in zip(cursor, tag, strict=True)
+                                ]
+                            )
                     else:
                         cursor = _decode_shared(cursor, tag, shared)
                 tags = types.get("pk")
