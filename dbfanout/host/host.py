@@ -160,9 +160,10 @@ def freeze_heap() -> None:
 
     CPython runs a full collection after every ten middle ones, and it walks every tracked object
     of the old generation: the modules, the app, the SDKs, the drivers - hundreds of thousands of
-    objects that live as long as the host. A busy host (a poller's pages, a worker's decoded
-    batches) promotes enough short-lived objects to run one every ~10,000 events, and that walk cost
-    more than the whole decode of a message's events (BENCHMARKS.md, issue 41). Frozen objects are
+    objects that live as long as the host. A busy worker promotes enough short-lived objects to run
+    one every ~14,000 events of pg_logical messages, and on a heap of 64,000 objects (a host's is
+    larger) those walks cost 2.5-4 CPU µs an event, as much as decoding it (issue 41,
+    ``benchmarks/bench_worker_cpu.py``: 0.3 µs frozen). Frozen objects are
     still freed by reference counting; only a cycle among them that becomes garbage is never
     collected, which is why the garbage is collected first.
     """
