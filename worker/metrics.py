@@ -57,9 +57,13 @@ def observe_latency(info: DeliveryInfo) -> None:
     zone = _zone(cfg.cursor_timezone) if cursor_is_commit_time else dt.UTC  # once, not per event
     commits: dict[tuple[dt.datetime, str], None] = {}  # distinct (commit time, where it came from)
     unknown = False  # an event whose commit time the source does not know
+    last: dt.datetime | None = None  # a transaction's events share one decoded commit time: skip repeats
     for event in batch.events:
-        if event.committed_at is not None:
-            commits[event.committed_at, source_kind] = None
+        committed = event.committed_at
+        if committed is not None:
+            if committed is not last:
+                commits[committed, source_kind] = None
+                last = committed
         elif cursor_is_commit_time and isinstance(event.cursor, dt.datetime):
             cursor = event.cursor
             commits[cursor if cursor.tzinfo else cursor.replace(tzinfo=zone), "cursor"] = None

@@ -12,6 +12,7 @@ period; then the app's long-lived parts (pollers' runtimes, the worker's senders
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ from dbfanout.host.timer_pool import TimerPool
 from dbfanout.host.timers import TimerRunner
 from shared.logs import JsonFormatter, TextFormatter, get_logger, ids, use_console_format
 
-__all__ = ["LocalHost", "LogFormat", "configure_logging"]
+__all__ = ["LocalHost", "LogFormat", "configure_logging", "freeze_heap"]
 
 _QueueTrigger = QueueRunner | SessionQueueRunner | StorageQueueRunner
 _Runner = TimerRunner | _QueueTrigger
@@ -39,6 +40,9 @@ log = get_logger("host")
 LogFormat = Literal["text", "json"]
 RUN_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SHUTDOWN_HOOK = "shutdown"  # an optional module-level function the app may expose
+#: When the heap is frozen a second time: by then the first ticks and deliveries opened the drivers,
+#: engines and SDK clients, which then live as long as the process.
+WARM_SECONDS = 20.0
 
 
 class LocalHost:
@@ -100,10 +104,21 @@ class LocalHost:
         )
 
     def wait(self, stop: threading.Event, duration: float | None = None) -> None:
-        """Block until ``stop`` is set or ``duration`` seconds passed."""
+        """Block until ``stop`` is set or ``duration`` seconds passed.
+
+        The process is the host's from here on (``dbfanout run``): what it built to start, and
+        again what it built in its first :data:`WARM_SECONDS`, is frozen out of the cyclic
+        collector's full passes (:func:`freeze_heap`).
+        """
+        freeze_heap()
+        warm_at: float | None = time.monotonic() + WARM_SECONDS
         deadline = None if duration is None else time.monotonic() + duration
         while not stop.is_set():
-            remaining = None if deadline is None else deadline - time.monotonic()
+            now = time.monotonic()
+            if warm_at is not None and now >= warm_at:
+                freeze_heap()
+                warm_at = None
+            remaining = None if deadline is None else deadline - now
             if remaining is not None and remaining <= 0:
                 return
             stop.wait(0.5 if remaining is None else min(0.5, remaining))
@@ -138,6 +153,22 @@ class LocalHost:
                 close()
             except Exception as exc:  # best effort: one failing close must not keep the others open
                 log.warning("closing an app part failed", extra=ids(error=repr(exc)))
+
+
+def freeze_heap() -> None:
+    """Collect, then move every object alive now to the collector's permanent generation (``gc.freeze``).
+
+    CPython runs a full collection after every ten middle ones, and it walks every tracked object
+    of the old generation: the modules, the app, the SDKs, the drivers - hundreds of thousands of
+    objects that live as long as the host. A busy worker promotes enough short-lived objects to run
+    one every ~14,000 events of pg_logical messages, and on a heap of 64,000 objects (a host's is
+    larger) those walks cost 2.5-4 CPU µs an event, as much as decoding it (issue 41,
+    ``benchmarks/bench_worker_cpu.py``: 0.3 µs frozen). Frozen objects are
+    still freed by reference counting; only a cycle among them that becomes garbage is never
+    collected, which is why the garbage is collected first.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _app_module(spec: str) -> ModuleType | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import replace
 from typing import Any
 
-from shared.codec.cursors import _decode_cursor, _json_object
+from shared.codec.cursors import _json_object
 from shared.codec.envelope import _optional_time, decode_event
 from shared.codec.values import decode_value
 from shared.errors import EnvelopeError, SerializationError
@@ -31,10 +33,7 @@ def decode_batch(data: bytes | str) -> Batch:
     epoch = raw.get("epoch", 0)
     if type(epoch) is not int or epoch < 0:
         raise EnvelopeError(f"epoch must be a non-negative integer when present, got {epoch!r}")
-    decoded = decode_events(events, poller)
-    if epoch:
-        for event in decoded:  # each one just built by decode_events: set like its other slots
-            _set_epoch(event, epoch)
+    decoded = decode_events(events, poller, epoch=epoch)
     return Batch(
         poller=poller,
         batch_id=batch_id,
@@ -47,45 +46,72 @@ def decode_batch(data: bytes | str) -> Batch:
 
 
 _OPS = frozenset({"upsert", "delete"})
-# RowChange's slot setters, in field order: a frozen dataclass's __init__ sets each field through
-# object.__setattr__, about twice the cost of these; decoding builds one RowChange per event.
-_new_event = object.__new__
-(
-    _set_event_id,
-    _set_op,
-    _set_pk,
-    _set_cursor,
-    _set_after,
-    _set_poller,
-    _set_before,
-    _set_source,
-    _set_change,
-    _set_table,
-    _set_committed_at,
-    _set_epoch,
-) = (getattr(RowChange, name).__set__ for name in RowChange.__slots__)
+# Tags whose decoded value is immutable: a value repeated in one message (a transaction's commit LSN
+# in every change's cursor) is decoded once and the result shared, which no handler can tell apart.
+_SHARED_TAGS = frozenset(
+    {"pg_lsn", "int", "decimal", "uuid", "float", "timestamp", "datetime", "date", "time", "bytes", "interval"}
+)
+_MISSING = object()
 
 
-def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
+class _Building:
+    """A :class:`RowChange` while its slots are set: the same layout, without the frozen ``__setattr__``.
+
+    Decoding builds one RowChange per event. A frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__``; plain slot stores on this twin then one ``__class__`` assignment
+    cost about a third of that (and of calling each slot's ``__set__``). CPython allows the
+    assignment between classes of the same slots (checked at import below): the object is then a
+    RowChange like any other (``type(e) is RowChange``, equal, hashed, pickled, frozen alike).
+    """
+
+    __slots__ = RowChange.__slots__
+    event_id: str
+    op: str
+    pk: dict[str, Any]
+    cursor: Any
+    after: dict[str, Any] | None
+    poller: str
+    before: dict[str, Any] | None
+    source: dict[str, Any]
+    change: str | None
+    table: str | None
+    committed_at: dt.datetime | None
+    epoch: int
+
+
+def _check_layout() -> None:
+    probe = object.__new__(_Building)
+    probe.__class__ = RowChange  # type: ignore[assignment]  # TypeError at import if RowChange's layout ever stops matching
+
+
+_check_layout()
+
+
+def decode_events(raws: list[Any], poller: str, *, epoch: int = 0) -> tuple[RowChange, ...]:  # noqa: C901 - one loop
     """Decode an envelope's events at once: equal to ``decode_event`` on each, with less work per event.
 
     Values without a type tag are used as parsed (the pk and after objects are orjson's own
-    dicts, not copies); only tagged values are converted. An event the fast path does not
-    accept exactly as :func:`decode_event` would is handed to :func:`decode_event`, which decodes
-    it or raises its precise error. One loop, inlined on purpose (over ~60 lines): it runs once per
-    event a worker receives, and a call per field costs more than the rest of the decode.
+    dicts, not copies); only tagged values are converted, and a tagged cursor part or commit time
+    repeated in the message is converted once (its decoded value is immutable and shared). An
+    event the fast path does not accept exactly as :func:`decode_event` would is handed to
+    :func:`decode_event`, which decodes it or raises its precise error. ``epoch``: the envelope's,
+    set on every event. One loop, inlined on purpose: it runs once per event a worker receives,
+    and a call per field costs more than the rest of the decode.
     """
-    out: list[RowChange] = []
+    out: list[Any] = []  # RowChanges (built as _Building)
     append = out.append
-    str_, dict_, ops = str, dict, _OPS
+    str_, dict_, list_, ops = str, dict, list, _OPS
+    new, building, row_change = object.__new__, _Building, RowChange
+    shared: dict[tuple[str, str], Any] = {}  # (tag, text) -> decoded, for _SHARED_TAGS
+    times: dict[str, dt.datetime | None] = {}  # committed_at text -> its time
     for raw in raws:
         try:
             event_id, op, pk, cursor = raw["event_id"], raw["op"], raw["pk"], raw["cursor"]
         except (KeyError, TypeError, AttributeError):  # not an object, or a field missing
-            append(decode_event(raw, poller))  # raises the precise error
+            append(_slow(raw, poller, epoch))  # raises the precise error
             continue
         if type(raw) is not dict_:
-            append(decode_event(raw, poller))
+            append(_slow(raw, poller, epoch))
             continue
         after, before, change, types = raw.get("after"), raw.get("before"), raw.get("change"), raw.get("types")
         table = raw.get("table")
@@ -98,7 +124,7 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
             or (change is not None and type(change) is not str_)
             or (table is not None and type(table) is not str_)
         ):
-            append(decode_event(raw, poller))  # raises the precise error
+            append(_slow(raw, poller, epoch))  # raises the precise error
             continue
         if types:
             try:
@@ -106,41 +132,82 @@ def decode_events(raws: list[Any], poller: str) -> tuple[RowChange, ...]:
                     raise _Slow
                 tag = types.get("cursor")
                 if tag is not None:
-                    cursor = _decode_cursor(cursor, tag)
-                pk = _tagged(pk, types.get("pk"))
-                if after is not None:
-                    after = _tagged(after, types.get("after"))
-                if before is not None:
-                    before = _tagged(before, types.get("before"))
+                    if type(tag) is list_:  # a composite cursor: a tuple, each part under its tag
+                        if type(cursor) is not list_ or len(cursor) != len(tag):
+                            raise _Slow
+                        if len(tag) == 2:  # a log source's (position, seq): no list, no zip
+                            (first, second), (t1, t2) = cursor, tag
+                            cursor = (
+                                first if t1 is None else _decode_shared(first, t1, shared),
+                                second if t2 is None else _decode_shared(second, t2, shared),
+                            )
+                        else:
+                            cursor = tuple(
+                                [
+                                    part if t is None else _decode_shared(part, t, shared)
+                                    for part, t in zip(cursor, tag, strict=True)
+                                ]
+                            )
+                    else:
+                        cursor = _decode_shared(cursor, tag, shared)
+                tags = types.get("pk")
+                if tags:
+                    pk = _tagged(pk, tags)
+                if after is not None and (tags := types.get("after")):
+                    after = _tagged(after, tags)
+                if before is not None and (tags := types.get("before")):
+                    before = _tagged(before, tags)
             except (_Slow, SerializationError, TypeError, AttributeError, ValueError):
-                append(decode_event(raw, poller))  # decodes it, or raises the precise error
+                append(_slow(raw, poller, epoch))  # decodes it, or raises the precise error
                 continue
-        event = _new_event(RowChange)
-        _set_event_id(event, event_id)
-        _set_op(event, op)
-        _set_pk(event, pk)
-        _set_cursor(event, cursor)
-        _set_after(event, after)
-        _set_poller(event, poller)
-        _set_before(event, before)
-        _set_source(event, {})
-        _set_change(event, change)
-        _set_table(event, table)
-        committed = raw.get("committed_at")
-        _set_committed_at(event, None if committed is None else _optional_time(committed))
-        _set_epoch(event, 0)  # the envelope's: decode_batch sets it
+        text = raw.get("committed_at")
+        committed: dt.datetime | None = None
+        if type(text) is str_:
+            try:
+                committed = times[text]
+            except KeyError:
+                committed = times[text] = _optional_time(text)
+        event = new(building)
+        event.event_id = event_id
+        event.op = op
+        event.pk = pk
+        event.cursor = cursor
+        event.after = after
+        event.poller = poller
+        event.before = before
+        event.source = {}
+        event.change = change
+        event.table = table
+        event.committed_at = committed
+        event.epoch = epoch
+        event.__class__ = row_change  # type: ignore[assignment]  # now a RowChange (see _Building)
         append(event)
     return tuple(out)
+
+
+def _slow(raw: Any, poller: str, epoch: int) -> RowChange:
+    """:func:`decode_event` (which raises the precise error), with the envelope's ``epoch``."""
+    event = decode_event(raw, poller)
+    return replace(event, epoch=epoch) if epoch else event
 
 
 class _Slow(Exception):
     """An event the fast path leaves to :func:`decode_event`."""
 
 
+def _decode_shared(value: Any, tag: Any, shared: dict[tuple[str, str], Any]) -> Any:
+    """``decode_value(value, tag)``, converted once per message for a text under a tag of an immutable type."""
+    if type(value) is not str or tag not in _SHARED_TAGS:
+        return decode_value(value, tag)
+    key = (tag, value)
+    found = shared.get(key, _MISSING)
+    if found is _MISSING:
+        found = shared[key] = decode_value(value, tag)
+    return found
+
+
 def _tagged(values: dict[str, Any], tags: Any) -> dict[str, Any]:
-    """``values`` with its tagged entries decoded (a copy; untagged maps are returned as they are)."""
-    if not tags:
-        return values
+    """``values`` with its tagged entries decoded (a copy)."""
     if type(tags) is not dict:
         raise _Slow
     out = dict(values)
