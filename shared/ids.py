@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from shared.codec import dumps, encode_value
-from shared.models import CursorValue, Position
+from shared.models import CursorValue, Lsn, Position
 
 __all__ = [
     "EventIds",
@@ -65,12 +65,16 @@ def _canonical_column(values: Sequence[Any]) -> tuple[Sequence[Any], bytes]:
     kinds = set(map(type, values))
     if len(kinds) == 1 and values:
         (kind,) = kinds
-        if kind is int and min(values) >= _I64 and max(values) <= _U64:
+        if (kind is int or kind is Lsn) and min(values) >= _I64 and max(values) <= _U64:  # orjson: an Lsn is an int
             return values, b"%d"
         if kind in _AS_STRING:
             pieces = orjson.dumps(values, option=_CANONICAL_OPTION)[2:-2].split(b'","')  # see codec.column_json
             if len(pieces) == len(values):
                 return pieces, b'"%b"'
+        if kind is tuple and len(arity := set(map(len, values))) == 1 and arity != {0}:  # a composite cursor
+            parts = [_canonical_column(part) for part in zip(*values, strict=True)]  # part by part
+            spec = b"[" + b",".join(p[1] for p in parts) + b"]"
+            return list(map(spec.__mod__, zip(*(p[0] for p in parts), strict=True))), b"%b"
     return [orjson.dumps(v, default=_default, option=_CANONICAL_OPTION) for v in values], b"%b"
 
 

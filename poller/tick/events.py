@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, overload
 
-from poller.ports import KeysetColumns, Page, SourceRow
+from poller.ports import EventFields, KeysetColumns, Page, SourceRow
 from shared.codec import ColumnJson, column_json, dumps, encode_column
+from shared.codec.columns import ColumnPieces, column_pieces
+from shared.codec.values import _iso
 from shared.config import PollerConfig
 from shared.ids import EventIds, batch_id_for_range, event_id_for
 from shared.messages import EncodedEvents
 from shared.models import Batch, RowChange
 
-__all__ = ["LazyEvents", "encode_page", "page_batch", "to_batch", "to_event"]
+__all__ = ["LazyEvents", "encode_page", "encode_rows", "page_batch", "to_batch", "to_event"]
 
 
 def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventIds | None = None) -> RowChange:
@@ -146,15 +150,214 @@ def page_batch(poller: PollerConfig, fingerprint: str, page: Page) -> Batch:
         assert columns is not None and tuples is not None
         return encode_page(EventIds(poller.name, fingerprint), columns, tuples, table)
 
-    keyset = columns is not None
+    def encode_log() -> EncodedEvents | None:
+        return encode_rows(EventIds(poller.name, fingerprint), page.rows)
+
+    if columns is not None:
+        events = LazyEvents(len(page), build, encode, () if table is None else (table,))
+    elif tuples is None:  # built rows (a change-log page): encoded row by row, grouped by shape
+        events = LazyEvents(len(page), build, encode_log, _row_tables(page.rows, table))
+    else:
+        events = LazyEvents(len(page), build)
     return Batch(
         poller=poller.name,
         batch_id=_range_id(poller, fingerprint, page),
         source_fingerprint=fingerprint,
-        events=LazyEvents(
-            len(page), build, encode if keyset else None, (() if table is None else (table,)) if keyset else None
-        ),
+        events=events,
     )
+
+
+def _row_tables(rows: Sequence[SourceRow], keyset: str | None) -> tuple[str, ...]:
+    """The tables a page's events name (each event's ``table``), without building the events."""
+    tables = {keyset if r.event is None else r.event.table for r in rows}
+    tables.discard(None)
+    return tuple(tables)  # type: ignore[arg-type]
+
+
+def encode_rows(ids: EventIds, rows: Sequence[SourceRow]) -> EncodedEvents | None:
+    """A change-log page's events (every row with its :class:`EventFields`: pg_logical, binlog,
+    outbox, snapshot reads) as JSON bytes, without building a ``RowChange``.
+
+    Exactly ``dumps(encode_event(to_event(...)))`` for each row, and the same ids
+    (``tests/poller/tick/test_encode_golden.py`` holds it to main's bytes). The rows are grouped
+    by their shape (the pk's, after's and before's keys, the cursor's arity); each group's values
+    are encoded column by column (:func:`~shared.codec.columns.column_pieces`) into one bytes
+    %-template, and its ids come from the same columns (:meth:`~shared.ids.EventIds.of_columns`).
+    Per row there remain a few slots: the id, the op, the ``"types"`` object when tags differ row
+    to row (one per distinct combination), and the change/table/commit time tail (one per
+    distinct triple). None when a row has no event fields (keyset rows: ``to_event``'s path).
+    """
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, row in enumerate(rows):
+        fields = row.event
+        if fields is None:
+            return None
+        after = row.values if row.values or not row.deleted else None
+        cursor, before = fields.cursor, fields.before
+        key = (
+            tuple(fields.pk),
+            None if after is None else tuple(after),
+            None if before is None else tuple(before),
+            len(cursor) if type(cursor) is tuple else -1,
+        )
+        if (members := groups.get(key)) is None:
+            groups[key] = [index]
+        else:
+            members.append(index)
+    event_ids: list[str] = [""] * len(rows)
+    encoded: list[bytes] = [b""] * len(rows)
+    for key, members in groups.items():
+        found = _encode_group(ids, [rows[i] for i in members], *key)
+        if found is None:
+            return None
+        for index, event_id, raw in zip(members, *found, strict=True):
+            event_ids[index], encoded[index] = event_id, raw
+    return event_ids, encoded
+
+
+def _encode_group(
+    ids: EventIds,
+    rows: list[SourceRow],
+    pk_names: tuple[str, ...],
+    after_names: tuple[str, ...] | None,
+    before_names: tuple[str, ...] | None,
+    arity: int,
+) -> tuple[list[str], list[bytes]] | None:
+    """:func:`encode_rows` for rows of one shape (their pk, after and before keys, cursor arity)."""
+    fields = [r.event for r in rows]
+    pks = [f.pk for f in fields]  # type: ignore[union-attr]
+    cursors = [f.cursor for f in fields]  # type: ignore[union-attr]
+    pk_values = {name: list(map(itemgetter(name), pks)) for name in pk_names}
+    versions = [c if f.version is None else f.version for f, c in zip(fields, cursors, strict=True)]  # type: ignore[union-attr]
+    event_ids = ids.of_columns(pk_values, versions)
+    if event_ids is None:
+        event_ids = ids.many(pks, versions)
+    # Each column: its JSON pieces, spec and tag(s); the cursor's parts one column each.
+    columns: list[ColumnPieces] = []
+
+    def add(values: Sequence[Any]) -> ColumnPieces | None:
+        found = column_pieces(values)
+        if found is not None:
+            columns.append(found)
+        return found
+
+    cursor_parts = list(zip(*cursors, strict=True)) if arity > 0 else [cursors] if arity < 0 else []
+    for part in cursor_parts:
+        if add(part) is None:
+            return None
+    cursor_specs = [c[1] for c in columns]
+    sections: list[tuple[str, tuple[str, ...], list[ColumnPieces]]] = []
+    for section, section_names, maps in (
+        ("pk", pk_names, pks),
+        ("after", after_names, [r.values for r in rows]),
+        ("before", before_names, [f.before for f in fields]),  # type: ignore[union-attr]
+    ):
+        if section_names is None:
+            continue
+        start = len(columns)
+        for name in section_names:
+            if add(list(map(itemgetter(name), maps))) is None:  # type: ignore[arg-type]
+                return None
+        sections.append((section, section_names, columns[start:]))
+    cursor_columns = columns[: len(cursor_specs)]
+    template = _group_template(arity, cursor_specs, sections, after_names is not None, before_names is not None)
+    ops = [b"delete" if r.deleted else b"upsert" for r in rows]
+    types = _types_pieces(arity, cursor_columns, sections, len(rows))
+    tails = _tails(fields)  # type: ignore[arg-type]
+    ids_bytes = "\x1f".join(event_ids).encode().split(b"\x1f")  # ids are ASCII: three C calls
+    in_order = [*sections[0][2], *cursor_columns, *(c for _, _, cols in sections[1:] for c in cols)]  # as written
+    slots = zip(ids_bytes, ops, *(c[0] for c in in_order), types, tails, strict=True)
+    return event_ids, list(map(template.__mod__, slots))
+
+
+def _group_template(
+    arity: int,
+    cursor_specs: list[bytes],
+    sections: list[tuple[str, tuple[str, ...], list[ColumnPieces]]],
+    has_after: bool,
+    has_before: bool,
+) -> bytes:
+    """One shape's event as a bytes %-template: slots for the id, the op, every column's value,
+    the ``"types"`` piece and the tail, in :func:`~shared.codec.encode_event`'s key order."""
+    cursor = b"[" + b",".join(cursor_specs) + b"]" if arity >= 0 else cursor_specs[0]
+    objects = {
+        section: b"{" + b",".join(_literal(n) + b":" + c[1] for n, c in zip(names, cols, strict=True)) + b"}"
+        for section, names, cols in sections
+    }
+    return (
+        b'{"event_id":"%b","op":"%b","pk":'
+        + objects["pk"]
+        + b',"cursor":'
+        + cursor
+        + b',"after":'
+        + (objects["after"] if has_after else b"null")
+        + b',"before":'
+        + (objects["before"] if has_before else b"null")
+        + b"%b%b}"
+    )
+
+
+def _types_pieces(
+    arity: int,
+    cursor_columns: list[ColumnPieces],
+    sections: list[tuple[str, tuple[str, ...], list[ColumnPieces]]],
+    count: int,
+) -> Sequence[bytes]:
+    """Each row's ``,"types":{...}`` piece (empty without tags): one per distinct combination of
+    the tags that differ row to row (none differ: one piece for every row)."""
+    cursor_tags = [c[2] for c in cursor_columns]
+    section_tags = [(section, names, [c[2] for c in cols]) for section, names, cols in sections]
+    varying = [t for t in cursor_tags if isinstance(t, list)]
+    varying += [t for _, _, tags in section_tags for t in tags if isinstance(t, list)]
+
+    def piece(row_tags: tuple[str | None, ...]) -> bytes:
+        each = iter(row_tags)
+        types: dict[str, Any] = {}
+        parts = [next(each) if isinstance(t, list) else t for t in cursor_tags]
+        if arity >= 0:  # a composite cursor always keeps its tag list
+            types["cursor"] = parts
+        elif parts[0] is not None:
+            types["cursor"] = parts[0]
+        for section, names, tags in section_tags:
+            row = [next(each) if isinstance(t, list) else t for t in tags]
+            if present := {n: t for n, t in zip(names, row, strict=True) if t is not None}:
+                types[section] = present
+        return b',"types":' + dumps(types) if types else b""
+
+    if not varying:
+        return [piece(())] * count
+    cache: dict[tuple[str | None, ...], bytes] = {}
+    out = []
+    for row_tags in zip(*varying, strict=True):
+        if (found := cache.get(row_tags)) is None:
+            found = cache[row_tags] = piece(row_tags)
+        out.append(found)
+    return out
+
+
+def _tails(fields: list[EventFields]) -> list[bytes]:
+    """Each event's optional last keys (change, table, committed_at): one piece per distinct triple
+    (a transaction's rows share theirs)."""
+    cache: dict[tuple[Any, ...], bytes] = {}
+    out = []
+    for f in fields:
+        at = f.committed_at
+        key = (f.change, f.table, at, None if at is None else at.utcoffset())  # equal instants, other offsets
+        if (found := cache.get(key)) is None:
+            found = cache[key] = _tail(f.change, f.table, at)
+        out.append(found)
+    return out
+
+
+def _tail(change: str | None, table: str | None, committed_at: dt.datetime | None) -> bytes:
+    tail = b""
+    if change is not None:
+        tail += b',"change":' + dumps(change)
+    if table is not None:
+        tail += b',"table":' + dumps(table)
+    if committed_at is not None:
+        tail += b',"committed_at":' + dumps(_iso(committed_at))
+    return tail
 
 
 def encode_page(

@@ -16,6 +16,7 @@ import orjson
 
 from shared.codec.values import _SAFE_INT, _iso, encode_value
 from shared.errors import SerializationError
+from shared.models import Lsn
 
 # Exact types whose tag (and encoding) depends on the type alone: a column of one of them encodes
 # with one call per value and one tag for the whole column.
@@ -95,10 +96,32 @@ def _column_json(values: Sequence[Any]) -> ColumnJson | None:
             return _as_bytes(list(map(encode, values))), b'"%b"', tag
         if kind is dt.datetime and (pieces := _iso_column(values)) is not None:
             return pieces, b'"%b"', "timestamp"
+        if kind is Lsn:  # a change's commit LSN: shared by a transaction's rows, formatted once each
+            text = {lsn: str(lsn) for lsn in dict.fromkeys(values)}
+            return _as_bytes(list(map(text.__getitem__, values))), b'"%b"', "pg_lsn"
     encoded, tags = encode_column(values)
     if isinstance(tags, list):
         return None
     return list(map(orjson.dumps, encoded, repeat(None), repeat(_JSON_OPTION))), b"%b", tags
+
+
+# A column as JSON pieces whose tags may differ row to row: ``(pieces, spec, tags)``, ``tags`` one
+# tag (or None) for the whole column or a list with each row's.
+ColumnPieces = tuple[Sequence[Any], bytes, ColumnTags]
+
+
+def column_pieces(values: Sequence[Any]) -> ColumnPieces | None:
+    """:func:`column_json`, also for a column whose values need different tags (a nullable
+    Decimal column): then each value's JSON comes from its own encoder call and ``tags`` lists
+    each value's tag. None when a value cannot be encoded (the caller's value-by-value path
+    raises the proper error)."""
+    try:
+        if (found := _column_json(values)) is not None:
+            return found
+        encoded, tags = encode_column(values)
+        return list(map(orjson.dumps, encoded, repeat(None), repeat(_JSON_OPTION))), b"%b", tags
+    except (TypeError, ValueError, SerializationError):
+        return None
 
 
 def _as_bytes(texts: list[str]) -> list[bytes]:
