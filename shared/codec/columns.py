@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -99,10 +100,34 @@ def _column_json(values: Sequence[Any]) -> ColumnJson | None:
         if kind is Lsn:  # a change's commit LSN: shared by a transaction's rows, formatted once each
             text = {lsn: str(lsn) for lsn in dict.fromkeys(values)}
             return _as_bytes(list(map(text.__getitem__, values))), b'"%b"', "pg_lsn"
+    if kinds <= _DOCUMENTS and (pieces := _document_column(values)) is not None:
+        return pieces, b"%b", None
     encoded, tags = encode_column(values)
     if isinstance(tags, list):
         return None
     return list(map(orjson.dumps, encoded, repeat(None), repeat(_JSON_OPTION))), b"%b", tags
+
+
+_DOCUMENTS = frozenset({dict, list, type(None)})
+_DOCUMENT_OPTION = orjson.OPT_PASSTHROUGH_SUBCLASS  # an int or str subclass is not plain JSON (an Lsn)
+_LONG_NUMBER = re.compile(rb"\d{16}")  # 15 digits or fewer: an integer within 2**53
+
+
+def _document_column(values: Sequence[Any]) -> list[bytes] | None:
+    """JSON documents (json/jsonb, arrays) that JSON carries exactly, as themselves: each one's
+    orjson bytes, which is what :func:`encode_value` gives for such a value (untagged, unchanged).
+    None when one might not be exact (then each goes through ``encode_value``): orjson refuses a
+    non-string key, an unknown type or a subclass; a NaN or an infinity (written ``null``), a
+    datetime, a UUID or a tuple does not read back equal; an integer past 2**53 has 16 digits or
+    more (so does a long float or a digit string: they take the slow path, never a wrong one)."""
+    try:
+        pieces = list(map(orjson.dumps, values, repeat(None), repeat(_DOCUMENT_OPTION)))
+    except TypeError:
+        return None
+    text = b"[" + b",".join(pieces) + b"]"
+    if _LONG_NUMBER.search(text) is not None or orjson.loads(text) != list(values):
+        return None
+    return pieces
 
 
 # A column as JSON pieces whose tags may differ row to row: ``(pieces, spec, tags)``, ``tags`` one
