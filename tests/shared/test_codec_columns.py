@@ -65,9 +65,8 @@ def _check(values: list[Any]) -> None:
         assert tags == [tag] * len(values)
     got = column_pieces(values)
     assert got is not None
-    pieces, spec, tag = got
-    assert [spec % p for p in pieces] == want
-    assert (tags if isinstance(tag, list) else [tag] * len(values)) == tags
+    assert [got[1] % p for p in got[0]] == want
+    assert (got[2] if isinstance(got[2], list) else [got[2]] * len(values)) == tags
 
 
 @settings(max_examples=400, deadline=None)
