@@ -339,13 +339,19 @@ def _tails(fields: list[EventFields]) -> list[bytes]:
     """Each event's optional last keys (change, table, committed_at): one piece per distinct triple
     (a transaction's rows share theirs)."""
     cache: dict[tuple[Any, ...], bytes] = {}
-    out = []
+    out: list[bytes] = []
+    first = fields[0]
+    change, table, at = first.change, first.table, first.committed_at
+    piece = cache[(change, table, at, None if at is None else at.utcoffset())] = _tail(change, table, at)
     for f in fields:
-        at = f.committed_at
-        key = (f.change, f.table, at, None if at is None else at.utcoffset())  # equal instants, other offsets
-        if (found := cache.get(key)) is None:
-            found = cache[key] = _tail(f.change, f.table, at)
-        out.append(found)
+        # A transaction's rows share the very objects: compared by identity first, no hashing.
+        if f.change is not change or f.table is not table or f.committed_at is not at:
+            change, table, at = f.change, f.table, f.committed_at
+            key = (change, table, at, None if at is None else at.utcoffset())  # equal instants, other offsets
+            if (found := cache.get(key)) is None:
+                found = cache[key] = _tail(change, table, at)
+            piece = found
+        out.append(piece)
     return out
 
 

@@ -100,6 +100,10 @@ def _column_json(values: Sequence[Any]) -> ColumnJson | None:
         if kind is Lsn:  # a change's commit LSN: shared by a transaction's rows, formatted once each
             text = {lsn: str(lsn) for lsn in dict.fromkeys(values)}
             return _as_bytes(list(map(text.__getitem__, values))), b'"%b"', "pg_lsn"
+    if kinds == _TEXT_OR_NULL:  # a nullable text column: its strings as above, null between them
+        quoted = map(b'"%b"'.__mod__, orjson.dumps([v for v in values if v is not None])[2:-2].split(b'","'))
+        next_text = quoted.__next__
+        return [b"null" if v is None else next_text() for v in values], b"%b", None
     if kinds <= _DOCUMENTS and (pieces := _document_column(values)) is not None:
         return pieces, b"%b", None
     encoded, tags = encode_column(values)
@@ -109,6 +113,7 @@ def _column_json(values: Sequence[Any]) -> ColumnJson | None:
 
 
 _DOCUMENTS = frozenset({dict, list, type(None)})
+_TEXT_OR_NULL = {str, type(None)}
 _DOCUMENT_OPTION = orjson.OPT_PASSTHROUGH_SUBCLASS  # an int or str subclass is not plain JSON (an Lsn)
 _LONG_NUMBER = re.compile(rb"\d{16}")  # 15 digits or fewer: an integer within 2**53
 

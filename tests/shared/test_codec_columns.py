@@ -86,3 +86,8 @@ def test_a_document_json_cannot_carry_exactly_leaves_the_shortcut() -> None:
         assert [p for p in column_pieces(values)[0]] == _expected(values)[0]  # type: ignore[index]
     assert column_pieces([{"n": 2**53}])[0] == [b'"{\\"n\\":9007199254740992}"']  # type: ignore[index]
     assert column_pieces([[uuid.UUID(int=1)], [Decimal("1.5")]])[2] == ["array:uuid", "array:decimal"]  # type: ignore[index]
+
+
+@given(st.lists(st.one_of(st.none(), st.text(max_size=4), st.sampled_from(['","', '"', ","])), min_size=1))
+def test_nullable_text_columns_encode_as_each_value(values: list[Any]) -> None:
+    _check(values)
