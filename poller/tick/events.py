@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, overload
 
 from poller.ports import EventFields, KeysetColumns, Page, SourceRow
@@ -187,19 +187,26 @@ def encode_rows(ids: EventIds, rows: Sequence[SourceRow]) -> EncodedEvents | Non
     to row (one per distinct combination), and the change/table/commit time tail (one per
     distinct triple). None when a row has no event fields (keyset rows: ``to_event``'s path).
     """
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for index, row in enumerate(rows):
-        fields = row.event
-        if fields is None:
-            return None
-        after = row.values if row.values or not row.deleted else None
-        cursor, before = fields.cursor, fields.before
-        key = (
-            tuple(fields.pk),
-            None if after is None else tuple(after),
-            None if before is None else tuple(before),
-            len(cursor) if type(cursor) is tuple else -1,
+    fields: list[EventFields] = list(map(_EVENT, rows))
+    if type(None) in set(map(type, fields)):  # a keyset row: to_event's path
+        return None
+    values: list[dict[str, Any]] = list(map(_VALUES, rows))
+    deleted: list[bool] = list(map(bool, map(_DELETED, rows)))
+    befores = list(map(_BEFORE, fields))
+    cursors = list(map(_CURSOR, fields))
+    keys = list(
+        zip(
+            map(tuple, map(_PK, fields)),
+            [tuple(v) if v or not d else None for v, d in zip(values, deleted, strict=True)],  # after: to_event's
+            [None if b is None else tuple(b) for b in befores],
+            [len(c) if type(c) is tuple else -1 for c in cursors],
+            strict=True,
         )
+    )
+    if keys.count(keys[0]) == len(keys):  # one shape (the usual page): no regrouping
+        return _encode_group(ids, fields, values, deleted, cursors, befores, *keys[0])
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, key in enumerate(keys):
         if (members := groups.get(key)) is None:
             groups[key] = [index]
         else:
@@ -207,7 +214,12 @@ def encode_rows(ids: EventIds, rows: Sequence[SourceRow]) -> EncodedEvents | Non
     event_ids: list[str] = [""] * len(rows)
     encoded: list[bytes] = [b""] * len(rows)
     for key, members in groups.items():
-        found = _encode_group(ids, [rows[i] for i in members], *key)
+        pick = itemgetter(*members)  # a tuple of them (one member: the item alone)
+        f, v, d, c, b = (
+            list(pick(column)) if len(members) > 1 else [pick(column)]
+            for column in (fields, values, deleted, cursors, befores)
+        )
+        found = _encode_group(ids, f, v, d, c, b, *key)
         if found is None:
             return None
         for index, event_id, raw in zip(members, *found, strict=True):
@@ -215,28 +227,39 @@ def encode_rows(ids: EventIds, rows: Sequence[SourceRow]) -> EncodedEvents | Non
     return event_ids, encoded
 
 
+_EVENT, _VALUES, _DELETED = attrgetter("event"), attrgetter("values"), attrgetter("deleted")
+_PK, _CURSOR, _BEFORE, _VERSION = attrgetter("pk"), attrgetter("cursor"), attrgetter("before"), attrgetter("version")
+_OPS = (b"upsert", b"delete")
+
+
 def _encode_group(
     ids: EventIds,
-    rows: list[SourceRow],
+    fields: list[EventFields],
+    values: list[dict[str, Any]],
+    deleted: list[bool],
+    cursors: list[Any],
+    befores: list[Any],
     pk_names: tuple[str, ...],
     after_names: tuple[str, ...] | None,
     before_names: tuple[str, ...] | None,
     arity: int,
 ) -> tuple[list[str], list[bytes]] | None:
     """:func:`encode_rows` for rows of one shape (their pk, after and before keys, cursor arity)."""
-    fields = [r.event for r in rows]
-    pks = [f.pk for f in fields]  # type: ignore[union-attr]
-    cursors = [f.cursor for f in fields]  # type: ignore[union-attr]
+    pks = list(map(_PK, fields))
     pk_values = {name: list(map(itemgetter(name), pks)) for name in pk_names}
-    versions = [c if f.version is None else f.version for f, c in zip(fields, cursors, strict=True)]  # type: ignore[union-attr]
+    versions = list(map(_VERSION, fields))
+    if versions.count(None) == len(versions):  # the cursor identifies the change (all but snapshot reads)
+        versions = cursors
+    else:
+        versions = [c if v is None else v for v, c in zip(versions, cursors, strict=True)]
     event_ids = ids.of_columns(pk_values, versions)
     if event_ids is None:
         event_ids = ids.many(pks, versions)
     # Each column: its JSON pieces, spec and tag(s); the cursor's parts one column each.
     columns: list[ColumnPieces] = []
 
-    def add(values: Sequence[Any]) -> ColumnPieces | None:
-        found = column_pieces(values)
+    def add(column: Sequence[Any]) -> ColumnPieces | None:
+        found = column_pieces(column)
         if found is not None:
             columns.append(found)
         return found
@@ -249,21 +272,21 @@ def _encode_group(
     sections: list[tuple[str, tuple[str, ...], list[ColumnPieces]]] = []
     for section, section_names, maps in (
         ("pk", pk_names, pks),
-        ("after", after_names, [r.values for r in rows]),
-        ("before", before_names, [f.before for f in fields]),  # type: ignore[union-attr]
+        ("after", after_names, values),
+        ("before", before_names, befores),
     ):
         if section_names is None:
             continue
         start = len(columns)
         for name in section_names:
-            if add(list(map(itemgetter(name), maps))) is None:  # type: ignore[arg-type]
+            if add(list(map(itemgetter(name), maps))) is None:
                 return None
         sections.append((section, section_names, columns[start:]))
     cursor_columns = columns[: len(cursor_specs)]
     template = _group_template(arity, cursor_specs, sections, after_names is not None, before_names is not None)
-    ops = [b"delete" if r.deleted else b"upsert" for r in rows]
-    types = _types_pieces(arity, cursor_columns, sections, len(rows))
-    tails = _tails(fields)  # type: ignore[arg-type]
+    ops = list(map(_OPS.__getitem__, deleted))
+    types = _types_pieces(arity, cursor_columns, sections, len(fields))
+    tails = _tails(fields)
     ids_bytes = "\x1f".join(event_ids).encode().split(b"\x1f")  # ids are ASCII: three C calls
     in_order = [*sections[0][2], *cursor_columns, *(c for _, _, cols in sections[1:] for c in cols)]  # as written
     slots = zip(ids_bytes, ops, *(c[0] for c in in_order), types, tails, strict=True)

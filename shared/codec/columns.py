@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -115,7 +114,9 @@ def _column_json(values: Sequence[Any]) -> ColumnJson | None:
 _DOCUMENTS = frozenset({dict, list, type(None)})
 _TEXT_OR_NULL = {str, type(None)}
 _DOCUMENT_OPTION = orjson.OPT_PASSTHROUGH_SUBCLASS  # an int or str subclass is not plain JSON (an Lsn)
-_LONG_NUMBER = re.compile(rb"\d{16}")  # 15 digits or fewer: an integer within 2**53
+# 15 digits or fewer: an integer within 2**53. Every digit made a "0", then one substring search
+# (a regex scan costs ten times as much).
+_DIGITS_AS_ZERO, _SIXTEEN_DIGITS = bytes.maketrans(b"123456789", b"000000000"), b"0" * 16
 
 
 def _document_column(values: Sequence[Any]) -> list[bytes] | None:
@@ -130,7 +131,7 @@ def _document_column(values: Sequence[Any]) -> list[bytes] | None:
     except TypeError:
         return None
     text = b"[" + b",".join(pieces) + b"]"
-    if _LONG_NUMBER.search(text) is not None or orjson.loads(text) != list(values):
+    if _SIXTEEN_DIGITS in text.translate(_DIGITS_AS_ZERO) or orjson.loads(text) != list(values):
         return None
     return pieces
 
