@@ -184,9 +184,9 @@ def encode_rows(ids: EventIds, rows: Sequence[SourceRow]) -> EncodedEvents | Non
     are encoded column by column (:func:`~shared.codec.columns.column_pieces`) into one bytes
     %-template, and its ids come from the same columns (:meth:`~shared.ids.EventIds.of_columns`).
     Per row there remain a few slots: the id, the op, the ``"types"`` object when tags differ row
-    to row (one per distinct combination), and the change/table/commit time tail (one per
-    distinct triple). None when a row has no event fields (keyset rows: ``to_event``'s path).
-    """
+    to row (one per distinct combination), the change (one per kind) and the table and commit
+    time (one per transaction). None when a row has no event fields (keyset rows: ``to_event``'s
+    path)."""
     fields: list[EventFields] = list(map(_EVENT, rows))
     if type(None) in set(map(type, fields)):  # a keyset row: to_event's path
         return None
@@ -286,10 +286,10 @@ def _encode_group(
     template = _group_template(arity, cursor_specs, sections, after_names is not None, before_names is not None)
     ops = list(map(_OPS.__getitem__, deleted))
     types = _types_pieces(arity, cursor_columns, sections, len(fields))
-    tails = _tails(fields)
+    changes, tails = _tails(fields)
     ids_bytes = "\x1f".join(event_ids).encode().split(b"\x1f")  # ids are ASCII: three C calls
     in_order = [*sections[0][2], *cursor_columns, *(c for _, _, cols in sections[1:] for c in cols)]  # as written
-    slots = zip(ids_bytes, ops, *(c[0] for c in in_order), types, tails, strict=True)
+    slots = zip(ids_bytes, ops, *(c[0] for c in in_order), types, changes, tails, strict=True)
     return event_ids, list(map(template.__mod__, slots))
 
 
@@ -301,7 +301,8 @@ def _group_template(
     has_before: bool,
 ) -> bytes:
     """One shape's event as a bytes %-template: slots for the id, the op, every column's value,
-    the ``"types"`` piece and the tail, in :func:`~shared.codec.encode_event`'s key order."""
+    the ``"types"`` piece, the ``change`` piece and the table and commit time piece, in
+    :func:`~shared.codec.encode_event`'s key order."""
     cursor = b"[" + b",".join(cursor_specs) + b"]" if arity >= 0 else cursor_specs[0]
     objects = {
         section: b"{" + b",".join(_literal(n) + b":" + c[1] for n, c in zip(names, cols, strict=True)) + b"}"
@@ -316,7 +317,7 @@ def _group_template(
         + (objects["after"] if has_after else b"null")
         + b',"before":'
         + (objects["before"] if has_before else b"null")
-        + b"%b%b}"
+        + b"%b%b%b}"
     )
 
 
@@ -358,30 +359,32 @@ def _types_pieces(
     return out
 
 
-def _tails(fields: list[EventFields]) -> list[bytes]:
-    """Each event's optional last keys (change, table, committed_at): one piece per distinct triple
-    (a transaction's rows share theirs)."""
+def _tails(fields: list[EventFields]) -> tuple[list[bytes], list[bytes]]:
+    """Each event's optional last keys as two pieces: its ``change`` (one per distinct kind), and
+    its ``table`` and ``committed_at`` (a transaction's rows share the very objects: compared by
+    identity, hashed once per transaction)."""
+    changes = list(map(_CHANGE, fields))
+    change_piece = {c: b"" if c is None else b',"change":' + dumps(c) for c in set(changes)}
     cache: dict[tuple[Any, ...], bytes] = {}
-    out: list[bytes] = []
-    first = fields[0]
-    change, table, at = first.change, first.table, first.committed_at
-    piece = cache[(change, table, at, None if at is None else at.utcoffset())] = _tail(change, table, at)
-    for f in fields:
-        # A transaction's rows share the very objects: compared by identity first, no hashing.
-        if f.change is not change or f.table is not table or f.committed_at is not at:
-            change, table, at = f.change, f.table, f.committed_at
-            key = (change, table, at, None if at is None else at.utcoffset())  # equal instants, other offsets
+    rest: list[bytes] = []
+    table, at = fields[0].table, fields[0].committed_at
+    piece = _table_and_time(table, at)
+    for t, a in zip(map(_TABLE, fields), map(_COMMITTED_AT, fields), strict=True):
+        if t is not table or a is not at:
+            table, at = t, a
+            key = (table, at, None if at is None else at.utcoffset())  # equal instants, other offsets
             if (found := cache.get(key)) is None:
-                found = cache[key] = _tail(change, table, at)
+                found = cache[key] = _table_and_time(table, at)
             piece = found
-        out.append(piece)
-    return out
+        rest.append(piece)
+    return list(map(change_piece.__getitem__, changes)), rest
 
 
-def _tail(change: str | None, table: str | None, committed_at: dt.datetime | None) -> bytes:
+_CHANGE, _TABLE, _COMMITTED_AT = attrgetter("change"), attrgetter("table"), attrgetter("committed_at")
+
+
+def _table_and_time(table: str | None, committed_at: dt.datetime | None) -> bytes:
     tail = b""
-    if change is not None:
-        tail += b',"change":' + dumps(change)
     if table is not None:
         tail += b',"table":' + dumps(table)
     if committed_at is not None:

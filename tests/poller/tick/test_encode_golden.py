@@ -94,9 +94,15 @@ def pg_pages(draw: st.DrawFn) -> list[SourceRow]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal values, where a float NaN equals itself (a tagged float)."""
+    """Equal values, where a float NaN equals itself (a tagged float) and an aware datetime equals
+    one of the same wall time and offset (a time in a zone's fold compares unequal to any other zone's)."""
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
         return math.isnan(b)
+    if isinstance(a, dt.datetime) and isinstance(b, dt.datetime) and a.tzinfo is not None:
+        return b.tzinfo is not None and (a.replace(tzinfo=None), a.utcoffset()) == (
+            b.replace(tzinfo=None),
+            b.utcoffset(),
+        )
     return bool(a == b)
 
 
