@@ -187,6 +187,8 @@ def encode_rows(ids: EventIds, rows: Sequence[SourceRow]) -> EncodedEvents | Non
     to row (one per distinct combination), the change (one per kind) and the table and commit
     time (one per transaction). None when a row has no event fields (keyset rows: ``to_event``'s
     path)."""
+    if not rows:
+        return [], []
     fields: list[EventFields] = list(map(_EVENT, rows))
     if type(None) in set(map(type, fields)):  # a keyset row: to_event's path
         return None
@@ -244,7 +246,10 @@ def _encode_group(
     before_names: tuple[str, ...] | None,
     arity: int,
 ) -> tuple[list[str], list[bytes]] | None:
-    """:func:`encode_rows` for rows of one shape (their pk, after and before keys, cursor arity)."""
+    """:func:`encode_rows` for rows of one shape (their pk, after and before keys, cursor arity);
+    None when a key is not a string (the template writes each key as a JSON string)."""
+    if not all(type(n) is str for names in (pk_names, after_names or (), before_names or ()) for n in names):
+        return None
     pks = list(map(_PK, fields))
     pk_values = {name: list(map(itemgetter(name), pks)) for name in pk_names}
     versions = list(map(_VERSION, fields))

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 from poller.ports import EventFields, Page, SourceRow
 from poller.tick.epochs import Order, page_batches
-from poller.tick.events import page_batch, to_event
+from poller.tick.events import encode_rows, page_batch, to_event
 from shared.codec import decode_batch
+from shared.ids import EventIds
 from shared.messages import pack_batch
 from shared.models import Lsn, Position, RowChange
 from tests.poller.tick import encode_golden
@@ -140,3 +141,18 @@ def test_pg_pages_round_trip_through_the_worker_decode(rows: list[SourceRow], li
             if g is not None and w is not None:
                 assert g.keys() == w.keys()
                 assert all(_same(g[k], w[k]) for k in w)
+
+
+def test_pages_the_template_cannot_write_fall_back_to_the_same_bytes() -> None:
+    # Given change-log rows with a non-string column name, and keyset rows mixed into a page
+    lsn = Lsn(99)
+    values: dict[Any, Any] = {1: "one", "id": 1}
+    odd = SourceRow(Position(lsn, {"seq": 0}), values, False, EventFields({"id": 1}, (lsn, 0), "insert", None, "t"))
+    plain = SourceRow(Position(5, {"id": 5}), {"id": 5, "version": 5})
+    for rows in ([odd], [odd, plain], [plain]):
+        page = Page(rows)
+        batch = replace(page_batch(encode_golden.PG, "fp", page), read_at=encode_golden.READ_AT)
+        # Then nothing is pre-encoded, and what is sent is the events' encoding
+        assert batch.events.encoded() is None  # type: ignore[attr-defined]
+        assert pack_batch(batch, 256 * 1024) == pack_batch(replace(batch, events=tuple(batch.events)), 256 * 1024)
+    assert encode_rows(EventIds("p", "fp"), []) == ([], [])
