@@ -78,6 +78,16 @@ def _canonical_column(values: Sequence[Any]) -> tuple[Sequence[Any], bytes]:
     return [orjson.dumps(v, default=_default, option=_CANONICAL_OPTION) for v in values], b"%b"
 
 
+def _cursor_columns(cursors: Sequence[Any]) -> tuple[list[Sequence[Any]], bytes]:
+    """The cursor column's canonical pieces and spec; a composite cursor's parts as one column
+    each, under one spec (``[%d,%d]``: no per-row piece for the tuple itself)."""
+    if cursors and set(map(type, cursors)) == {tuple} and len(arity := set(map(len, cursors))) == 1 and arity != {0}:
+        parts = [_canonical_column(part) for part in zip(*cursors, strict=True)]
+        return [p[0] for p in parts], b"[" + b",".join(p[1] for p in parts) + b"]"
+    pieces, spec = _canonical_column(cursors)
+    return [pieces], spec
+
+
 class EventIds:
     """Event ids of one poller and source: the hash prefix is computed once (hot path)."""
 
@@ -109,15 +119,15 @@ class EventIds:
         needs the fallback form (then use ``many``)."""
         try:
             columns = {name: _canonical_column(values) for name, values in pk.items()}
-            cursor_pieces, cursor_spec = _canonical_column(cursors)
+            cursor_columns, cursor_spec = _cursor_columns(cursors)
         except TypeError:
             return None
         if index is not None:
-            cursor_pieces = list(map(cursor_pieces.__getitem__, index))
+            cursor_columns = [list(map(pieces.__getitem__, index)) for pieces in cursor_columns]
         names = sorted(columns)  # OPT_SORT_KEYS: pk keys in code point order, as orjson sorts them
         keys = [dumps(name).replace(b"%", b"%%") + b":" + columns[name][1] for name in names]
         template = self._head.replace(b"%", b"%%") + b"[{" + b",".join(keys) + b"}," + cursor_spec + b"]"
-        rows = zip(*(columns[name][0] for name in names), cursor_pieces, strict=True)
+        rows = zip(*(columns[name][0] for name in names), *cursor_columns, strict=True)
         digests = map(_HEX, map(hashlib.sha256, map(template.__mod__, rows)))
         return list(map("ev-%.40s".__mod__, digests))  # "ev-" and the first 40 hex digits
 
