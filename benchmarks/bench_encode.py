@@ -7,6 +7,7 @@ clock starts: building them is the source's work.
 - ``pg``: pg_logical-shaped rows (``PgLogicalSource.row``): 7 columns (int, text, numeric,
   timestamptz, int, nullable text, jsonb), 10-row commits, inserts/updates/deletes of one table.
 - ``pg_wide``: the same with a full before image on updates and two tables in one page.
+- ``pg_plain``: the same without the numeric and jsonb columns (5 columns, all inserts).
 - ``keyset``: a keyset page handed over as tuples (6 columns).
 
 ``--baseline PATH`` also runs the same benchmark on another checkout's code (e.g.
@@ -36,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 ROWS = 500
-SHAPES = ("pg", "pg_wide", "keyset")
+SHAPES = ("pg", "pg_wide", "pg_plain", "keyset")
 
 
-def _pg_rows(count: int, wide: bool) -> list[Any]:
+def _pg_rows(count: int, wide: bool, plain: bool = False) -> list[Any]:
     from poller.ports import EventFields, SourceRow
     from shared.models import Lsn, Position
 
@@ -63,6 +64,9 @@ def _pg_rows(count: int, wide: bool) -> list[Any]:
         kind = ("insert", "insert", "insert", "update", "update", "insert", "delete", "insert", "update", "insert")[
             i % 10
         ]
+        if plain:
+            del new["amount"], new["payload"]
+            kind = "insert"
         old = {**new, "status": "old"} if wide and kind == "update" else None
         if kind == "delete":
             old, new_image = {"id": new["id"]}, None
@@ -119,7 +123,7 @@ def _runner(shape: str) -> Callable[[], int]:
             table="public.orders",
             kind="pg_logical",
         )
-        rows = _pg_rows(ROWS, shape == "pg_wide")
+        rows = _pg_rows(ROWS, shape == "pg_wide", shape == "pg_plain")
 
         def page() -> Page:
             return Page(rows)
