@@ -112,7 +112,7 @@ def _column_json(values: Sequence[Any]) -> ColumnJson | None:
 
 
 _DOCUMENTS = frozenset({dict, list, type(None)})
-_TEXT_OR_NULL = {str, type(None)}
+_TEXT_OR_NULL = frozenset({str, type(None)})
 _DOCUMENT_OPTION = orjson.OPT_PASSTHROUGH_SUBCLASS  # an int or str subclass is not plain JSON (an Lsn)
 # 15 digits or fewer: an integer within 2**53. Every digit made a "0", then one substring search
 # (a regex scan costs ten times as much).
