@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from shared.codec import dumps, encode_value
-from shared.models import CursorValue, Position
+from shared.models import CursorValue, Lsn, Position
 
 __all__ = [
     "EventIds",
@@ -65,13 +65,27 @@ def _canonical_column(values: Sequence[Any]) -> tuple[Sequence[Any], bytes]:
     kinds = set(map(type, values))
     if len(kinds) == 1 and values:
         (kind,) = kinds
-        if kind is int and min(values) >= _I64 and max(values) <= _U64:
+        if (kind is int or kind is Lsn) and min(values) >= _I64 and max(values) <= _U64:  # orjson: an Lsn is an int
             return values, b"%d"
         if kind in _AS_STRING:
             pieces = orjson.dumps(values, option=_CANONICAL_OPTION)[2:-2].split(b'","')  # see codec.column_json
             if len(pieces) == len(values):
                 return pieces, b'"%b"'
+        if kind is tuple and len(arity := set(map(len, values))) == 1 and arity != {0}:  # a composite cursor
+            parts = [_canonical_column(part) for part in zip(*values, strict=True)]  # part by part
+            spec = b"[" + b",".join(p[1] for p in parts) + b"]"
+            return list(map(spec.__mod__, zip(*(p[0] for p in parts), strict=True))), b"%b"
     return [orjson.dumps(v, default=_default, option=_CANONICAL_OPTION) for v in values], b"%b"
+
+
+def _cursor_columns(cursors: Sequence[Any]) -> tuple[list[Sequence[Any]], bytes]:
+    """The cursor column's canonical pieces and spec; a composite cursor's parts as one column
+    each, under one spec (``[%d,%d]``: no per-row piece for the tuple itself)."""
+    if cursors and set(map(type, cursors)) == {tuple} and len(arity := set(map(len, cursors))) == 1 and arity != {0}:
+        parts = [_canonical_column(part) for part in zip(*cursors, strict=True)]
+        return [p[0] for p in parts], b"[" + b",".join(p[1] for p in parts) + b"]"
+    pieces, spec = _canonical_column(cursors)
+    return [pieces], spec
 
 
 class EventIds:
@@ -105,15 +119,15 @@ class EventIds:
         needs the fallback form (then use ``many``)."""
         try:
             columns = {name: _canonical_column(values) for name, values in pk.items()}
-            cursor_pieces, cursor_spec = _canonical_column(cursors)
+            cursor_columns, cursor_spec = _cursor_columns(cursors)
         except TypeError:
             return None
         if index is not None:
-            cursor_pieces = list(map(cursor_pieces.__getitem__, index))
+            cursor_columns = [list(map(pieces.__getitem__, index)) for pieces in cursor_columns]
         names = sorted(columns)  # OPT_SORT_KEYS: pk keys in code point order, as orjson sorts them
         keys = [dumps(name).replace(b"%", b"%%") + b":" + columns[name][1] for name in names]
         template = self._head.replace(b"%", b"%%") + b"[{" + b",".join(keys) + b"}," + cursor_spec + b"]"
-        rows = zip(*(columns[name][0] for name in names), cursor_pieces, strict=True)
+        rows = zip(*(columns[name][0] for name in names), *cursor_columns, strict=True)
         digests = map(_HEX, map(hashlib.sha256, map(template.__mod__, rows)))
         return list(map("ev-%.40s".__mod__, digests))  # "ev-" and the first 40 hex digits
 

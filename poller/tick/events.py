@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any, overload
 
-from poller.ports import KeysetColumns, Page, SourceRow
+from poller.ports import EventFields, KeysetColumns, Page, SourceRow
 from shared.codec import ColumnJson, column_json, dumps, encode_column
+from shared.codec.columns import ColumnPieces, column_pieces
+from shared.codec.values import _iso
 from shared.config import PollerConfig
 from shared.ids import EventIds, batch_id_for_range, event_id_for
 from shared.messages import EncodedEvents
 from shared.models import Batch, RowChange
 
-__all__ = ["LazyEvents", "encode_page", "page_batch", "to_batch", "to_event"]
+__all__ = ["LazyEvents", "encode_page", "encode_rows", "page_batch", "to_batch", "to_event"]
 
 
 def to_event(poller: PollerConfig, fingerprint: str, row: SourceRow, ids: EventIds | None = None) -> RowChange:
@@ -146,15 +150,251 @@ def page_batch(poller: PollerConfig, fingerprint: str, page: Page) -> Batch:
         assert columns is not None and tuples is not None
         return encode_page(EventIds(poller.name, fingerprint), columns, tuples, table)
 
-    keyset = columns is not None
+    def encode_log() -> EncodedEvents | None:
+        return encode_rows(EventIds(poller.name, fingerprint), page.rows)
+
+    if columns is not None:
+        events = LazyEvents(len(page), build, encode, () if table is None else (table,))
+    elif tuples is None:  # built rows (a change-log page): encoded row by row, grouped by shape
+        events = LazyEvents(len(page), build, encode_log, _row_tables(page.rows, table))
+    else:
+        events = LazyEvents(len(page), build)
     return Batch(
         poller=poller.name,
         batch_id=_range_id(poller, fingerprint, page),
         source_fingerprint=fingerprint,
-        events=LazyEvents(
-            len(page), build, encode if keyset else None, (() if table is None else (table,)) if keyset else None
-        ),
+        events=events,
     )
+
+
+def _row_tables(rows: Sequence[SourceRow], keyset: str | None) -> tuple[str, ...]:
+    """The tables a page's events name (each event's ``table``), without building the events."""
+    tables = {keyset if r.event is None else r.event.table for r in rows}
+    tables.discard(None)
+    return tuple(tables)  # type: ignore[arg-type]
+
+
+def encode_rows(ids: EventIds, rows: Sequence[SourceRow]) -> EncodedEvents | None:
+    """A change-log page's events (every row with its :class:`EventFields`: pg_logical, binlog,
+    outbox, snapshot reads) as JSON bytes, without building a ``RowChange``.
+
+    Exactly ``dumps(encode_event(to_event(...)))`` for each row, and the same ids
+    (``tests/poller/tick/test_encode_golden.py`` holds it to main's bytes). The rows are grouped
+    by their shape (the pk's, after's and before's keys, the cursor's arity); each group's values
+    are encoded column by column (:func:`~shared.codec.columns.column_pieces`) into one bytes
+    %-template, and its ids come from the same columns (:meth:`~shared.ids.EventIds.of_columns`).
+    Per row there remain a few slots: the id, the op, the ``"types"`` object when tags differ row
+    to row (one per distinct combination), the change (one per kind) and the table and commit
+    time (one per transaction). None when a row has no event fields (keyset rows: ``to_event``'s
+    path)."""
+    if not rows:
+        return [], []
+    fields: list[EventFields] = list(map(_EVENT, rows))
+    if type(None) in set(map(type, fields)):  # a keyset row: to_event's path
+        return None
+    values: list[dict[str, Any]] = list(map(_VALUES, rows))
+    deleted: list[bool] = list(map(bool, map(_DELETED, rows)))
+    befores = list(map(_BEFORE, fields))
+    cursors = list(map(_CURSOR, fields))
+    keys = list(
+        zip(
+            map(tuple, map(_PK, fields)),
+            [tuple(v) if v or not d else None for v, d in zip(values, deleted, strict=True)],  # after: to_event's
+            [None if b is None else tuple(b) for b in befores],
+            [len(c) if type(c) is tuple else -1 for c in cursors],
+            strict=True,
+        )
+    )
+    if keys.count(keys[0]) == len(keys):  # one shape (the usual page): no regrouping
+        return _encode_group(ids, fields, values, deleted, cursors, befores, *keys[0])
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, key in enumerate(keys):
+        if (members := groups.get(key)) is None:
+            groups[key] = [index]
+        else:
+            members.append(index)
+    event_ids: list[str] = [""] * len(rows)
+    encoded: list[bytes] = [b""] * len(rows)
+    for key, members in groups.items():
+        pick = itemgetter(*members)  # a tuple of them (one member: the item alone)
+        f, v, d, c, b = (
+            list(pick(column)) if len(members) > 1 else [pick(column)]
+            for column in (fields, values, deleted, cursors, befores)
+        )
+        found = _encode_group(ids, f, v, d, c, b, *key)
+        if found is None:
+            return None
+        for index, event_id, raw in zip(members, *found, strict=True):
+            event_ids[index], encoded[index] = event_id, raw
+    return event_ids, encoded
+
+
+_EVENT, _VALUES, _DELETED = attrgetter("event"), attrgetter("values"), attrgetter("deleted")
+_PK, _CURSOR, _BEFORE, _VERSION = attrgetter("pk"), attrgetter("cursor"), attrgetter("before"), attrgetter("version")
+_OPS = (b"upsert", b"delete")
+
+
+def _encode_group(
+    ids: EventIds,
+    fields: list[EventFields],
+    values: list[dict[str, Any]],
+    deleted: list[bool],
+    cursors: list[Any],
+    befores: list[Any],
+    pk_names: tuple[str, ...],
+    after_names: tuple[str, ...] | None,
+    before_names: tuple[str, ...] | None,
+    arity: int,
+) -> tuple[list[str], list[bytes]] | None:
+    """:func:`encode_rows` for rows of one shape (their pk, after and before keys, cursor arity);
+    None when a key is not a string (the template writes each key as a JSON string)."""
+    if not all(type(n) is str for names in (pk_names, after_names or (), before_names or ()) for n in names):
+        return None
+    pks = list(map(_PK, fields))
+    pk_values = {name: list(map(itemgetter(name), pks)) for name in pk_names}
+    versions = list(map(_VERSION, fields))
+    if versions.count(None) == len(versions):  # the cursor identifies the change (all but snapshot reads)
+        versions = cursors
+    else:
+        versions = [c if v is None else v for v, c in zip(versions, cursors, strict=True)]
+    event_ids = ids.of_columns(pk_values, versions)
+    if event_ids is None:
+        event_ids = ids.many(pks, versions)
+    # Each column: its JSON pieces, spec and tag(s); the cursor's parts one column each.
+    columns: list[ColumnPieces] = []
+
+    def add(column: Sequence[Any]) -> ColumnPieces | None:
+        found = column_pieces(column)
+        if found is not None:
+            columns.append(found)
+        return found
+
+    cursor_parts = list(zip(*cursors, strict=True)) if arity > 0 else [cursors] if arity < 0 else []
+    for part in cursor_parts:
+        if add(part) is None:
+            return None
+    cursor_specs = [c[1] for c in columns]
+    sections: list[tuple[str, tuple[str, ...], list[ColumnPieces]]] = []
+    for section, section_names, maps in (
+        ("pk", pk_names, pks),
+        ("after", after_names, values),
+        ("before", before_names, befores),
+    ):
+        if section_names is None:
+            continue
+        start = len(columns)
+        for name in section_names:
+            if add(list(map(itemgetter(name), maps))) is None:
+                return None
+        sections.append((section, section_names, columns[start:]))
+    cursor_columns = columns[: len(cursor_specs)]
+    template = _group_template(arity, cursor_specs, sections, after_names is not None, before_names is not None)
+    ops = list(map(_OPS.__getitem__, deleted))
+    types = _types_pieces(arity, cursor_columns, sections, len(fields))
+    changes, tails = _tails(fields)
+    ids_bytes = "\x1f".join(event_ids).encode().split(b"\x1f")  # ids are ASCII: three C calls
+    in_order = [*sections[0][2], *cursor_columns, *(c for _, _, cols in sections[1:] for c in cols)]  # as written
+    slots = zip(ids_bytes, ops, *(c[0] for c in in_order), types, changes, tails, strict=True)
+    return event_ids, list(map(template.__mod__, slots))
+
+
+def _group_template(
+    arity: int,
+    cursor_specs: list[bytes],
+    sections: list[tuple[str, tuple[str, ...], list[ColumnPieces]]],
+    has_after: bool,
+    has_before: bool,
+) -> bytes:
+    """One shape's event as a bytes %-template: slots for the id, the op, every column's value,
+    the ``"types"`` piece, the ``change`` piece and the table and commit time piece, in
+    :func:`~shared.codec.encode_event`'s key order."""
+    cursor = b"[" + b",".join(cursor_specs) + b"]" if arity >= 0 else cursor_specs[0]
+    objects = {
+        section: b"{" + b",".join(_literal(n) + b":" + c[1] for n, c in zip(names, cols, strict=True)) + b"}"
+        for section, names, cols in sections
+    }
+    return (
+        b'{"event_id":"%b","op":"%b","pk":'
+        + objects["pk"]
+        + b',"cursor":'
+        + cursor
+        + b',"after":'
+        + (objects["after"] if has_after else b"null")
+        + b',"before":'
+        + (objects["before"] if has_before else b"null")
+        + b"%b%b%b}"
+    )
+
+
+def _types_pieces(
+    arity: int,
+    cursor_columns: list[ColumnPieces],
+    sections: list[tuple[str, tuple[str, ...], list[ColumnPieces]]],
+    count: int,
+) -> Sequence[bytes]:
+    """Each row's ``,"types":{...}`` piece (empty without tags): one per distinct combination of
+    the tags that differ row to row (none differ: one piece for every row)."""
+    cursor_tags = [c[2] for c in cursor_columns]
+    section_tags = [(section, names, [c[2] for c in cols]) for section, names, cols in sections]
+    varying = [t for t in cursor_tags if isinstance(t, list)]
+    varying += [t for _, _, tags in section_tags for t in tags if isinstance(t, list)]
+
+    def piece(row_tags: tuple[str | None, ...]) -> bytes:
+        each = iter(row_tags)
+        types: dict[str, Any] = {}
+        parts = [next(each) if isinstance(t, list) else t for t in cursor_tags]
+        if arity >= 0:  # a composite cursor always keeps its tag list
+            types["cursor"] = parts
+        elif parts[0] is not None:
+            types["cursor"] = parts[0]
+        for section, names, tags in section_tags:
+            row = [next(each) if isinstance(t, list) else t for t in tags]
+            if present := {n: t for n, t in zip(names, row, strict=True) if t is not None}:
+                types[section] = present
+        return b',"types":' + dumps(types) if types else b""
+
+    if not varying:
+        return [piece(())] * count
+    cache: dict[tuple[str | None, ...], bytes] = {}
+    out = []
+    for row_tags in zip(*varying, strict=True):
+        if (found := cache.get(row_tags)) is None:
+            found = cache[row_tags] = piece(row_tags)
+        out.append(found)
+    return out
+
+
+def _tails(fields: list[EventFields]) -> tuple[list[bytes], list[bytes]]:
+    """Each event's optional last keys as two pieces: its ``change`` (one per distinct kind), and
+    its ``table`` and ``committed_at`` (a transaction's rows share the very objects: compared by
+    identity, hashed once per transaction)."""
+    changes = list(map(_CHANGE, fields))
+    change_piece = {c: b"" if c is None else b',"change":' + dumps(c) for c in set(changes)}
+    cache: dict[tuple[Any, ...], bytes] = {}
+    rest: list[bytes] = []
+    table, at = fields[0].table, fields[0].committed_at
+    piece = _table_and_time(table, at)
+    for t, a in zip(map(_TABLE, fields), map(_COMMITTED_AT, fields), strict=True):
+        if t is not table or a is not at:
+            table, at = t, a
+            key = (table, at, None if at is None else at.utcoffset())  # equal instants, other offsets
+            if (found := cache.get(key)) is None:
+                found = cache[key] = _table_and_time(table, at)
+            piece = found
+        rest.append(piece)
+    return list(map(change_piece.__getitem__, changes)), rest
+
+
+_CHANGE, _TABLE, _COMMITTED_AT = attrgetter("change"), attrgetter("table"), attrgetter("committed_at")
+
+
+def _table_and_time(table: str | None, committed_at: dt.datetime | None) -> bytes:
+    tail = b""
+    if table is not None:
+        tail += b',"table":' + dumps(table)
+    if committed_at is not None:
+        tail += b',"committed_at":' + dumps(_iso(committed_at))
+    return tail
 
 
 def encode_page(

@@ -16,6 +16,7 @@ import orjson
 
 from shared.codec.values import _SAFE_INT, _iso, encode_value
 from shared.errors import SerializationError
+from shared.models import Lsn
 
 # Exact types whose tag (and encoding) depends on the type alone: a column of one of them encodes
 # with one call per value and one tag for the whole column.
@@ -95,10 +96,63 @@ def _column_json(values: Sequence[Any]) -> ColumnJson | None:
             return _as_bytes(list(map(encode, values))), b'"%b"', tag
         if kind is dt.datetime and (pieces := _iso_column(values)) is not None:
             return pieces, b'"%b"', "timestamp"
+        if kind is Lsn:  # a change's commit LSN: shared by a transaction's rows, formatted once each
+            text = {lsn: str(lsn) for lsn in dict.fromkeys(values)}
+            return _as_bytes(list(map(text.__getitem__, values))), b'"%b"', "pg_lsn"
+    if kinds == _TEXT_OR_NULL:  # a nullable text column: its strings as above, null between them
+        quoted = map(b'"%b"'.__mod__, orjson.dumps([v for v in values if v is not None])[2:-2].split(b'","'))
+        next_text = quoted.__next__
+        return [b"null" if v is None else next_text() for v in values], b"%b", None
+    if kinds <= _DOCUMENTS and (pieces := _document_column(values)) is not None:
+        return pieces, b"%b", None
     encoded, tags = encode_column(values)
     if isinstance(tags, list):
         return None
     return list(map(orjson.dumps, encoded, repeat(None), repeat(_JSON_OPTION))), b"%b", tags
+
+
+_DOCUMENTS = frozenset({dict, list, type(None)})
+_TEXT_OR_NULL = frozenset({str, type(None)})
+_DOCUMENT_OPTION = orjson.OPT_PASSTHROUGH_SUBCLASS  # an int or str subclass is not plain JSON (an Lsn)
+# 15 digits or fewer: an integer within 2**53. Every digit made a "0", then one substring search
+# (a regex scan costs ten times as much).
+_DIGITS_AS_ZERO, _SIXTEEN_DIGITS = bytes.maketrans(b"123456789", b"000000000"), b"0" * 16
+
+
+def _document_column(values: Sequence[Any]) -> list[bytes] | None:
+    """JSON documents (json/jsonb, arrays) that JSON carries exactly, as themselves: each one's
+    orjson bytes, which is what :func:`encode_value` gives for such a value (untagged, unchanged).
+    None when one might not be exact (then each goes through ``encode_value``): orjson refuses a
+    non-string key, an unknown type or a subclass; a NaN or an infinity (written ``null``), a
+    datetime, a UUID or a tuple does not read back equal; an integer past 2**53 has 16 digits or
+    more (so does a long float or a digit string: they take the slow path, never a wrong one)."""
+    try:
+        pieces = list(map(orjson.dumps, values, repeat(None), repeat(_DOCUMENT_OPTION)))
+    except TypeError:
+        return None
+    text = b"[" + b",".join(pieces) + b"]"
+    if _SIXTEEN_DIGITS in text.translate(_DIGITS_AS_ZERO) or orjson.loads(text) != list(values):
+        return None
+    return pieces
+
+
+# A column as JSON pieces whose tags may differ row to row: ``(pieces, spec, tags)``, ``tags`` one
+# tag (or None) for the whole column or a list with each row's.
+ColumnPieces = tuple[Sequence[Any], bytes, ColumnTags]
+
+
+def column_pieces(values: Sequence[Any]) -> ColumnPieces | None:
+    """:func:`column_json`, also for a column whose values need different tags (a nullable
+    Decimal column): then each value's JSON comes from its own encoder call and ``tags`` lists
+    each value's tag. None when a value cannot be encoded (the caller's value-by-value path
+    raises the proper error)."""
+    try:
+        if (found := _column_json(values)) is not None:
+            return found
+        encoded, tags = encode_column(values)
+        return list(map(orjson.dumps, encoded, repeat(None), repeat(_JSON_OPTION))), b"%b", tags
+    except (TypeError, ValueError, SerializationError):
+        return None
 
 
 def _as_bytes(texts: list[str]) -> list[bytes]:
