@@ -123,6 +123,7 @@ class MysqlBinlogSource:
             }
         )
         self._lock = threading.Lock()
+        self._pins = 0  # the tick's pin and its read-ahead thread's (the stream closes with the last)
         self._reader: Any = None  # the open BinlogReader (poller.sources.mysql_binlog.reader), if any
         self._row = RowMaker()
         self._stream_at: BinlogPosition | None = None  # the open stream's next read continues after this
@@ -148,6 +149,19 @@ class MysqlBinlogSource:
     def fingerprint(self) -> str:
         return self._fingerprint
 
+    @property
+    def prefetch_pages(self) -> bool:
+        """The tick may read and decode the next pages while it sends these (poller.tick.prefetch):
+        a read moves nothing (the checkpoint is the only position); a page read ahead of a tick that
+        stops is dropped, and the next fetch, from the checkpoint, opens a stream there again."""
+        return True
+
+    def reads_on(self, page: Page) -> bool:
+        """Whether the page after ``page`` may be read ahead: not while a snapshot runs (its chunk
+        reads write watermarks; they keep the timing a tick reading in turn gives them)."""
+        end = page.end
+        return end is None or end.snapshot is None or not end.snapshot.active
+
     def fetch(self, after: Position | None, limit: int) -> Page:
         with self._lock, self._db_errors("fetch"):
             return self._fetch(after, limit)
@@ -155,12 +169,17 @@ class MysqlBinlogSource:
     @contextmanager
     def pinned(self) -> Iterator[None]:
         """A tick's fetches read one stream; it is closed when the tick ends (no socket is left
-        unread between ticks, where the server would time it out)."""
+        unread between ticks, where the server would time it out). The read-ahead thread pins too,
+        inside the tick's pin: its end leaves the stream open for the tick's next drain (linger)."""
+        with self._lock:
+            self._pins += 1
         try:
             yield
         finally:
             with self._lock:
-                self._close_reader()
+                self._pins -= 1
+                if not self._pins:
+                    self._close_reader()
 
     def acknowledge(self, checkpoint: Checkpoint) -> None:
         """Nothing to do: the server keeps its binlog for its retention time, not for a reader."""
