@@ -31,6 +31,12 @@ Cost while idle: a stream is opened only when the binlog moved since the last re
 end; an idle fetch is one ``SHOW MASTER STATUS`` on a pooled connection (no replication
 connection). A stream costs two connections (the replication one and the library's control one)
 and stays open until the tick ends: a lingering tick's next fetches read on from it.
+
+Read-ahead (``max_uncommitted_batches`` > 1, :mod:`poller.tick.prefetch`): after a tick's first
+page the stream is read and its rows decoded on the tick's reader thread while the tick sends the
+previous page (the driver waits on its sockets without the GIL meanwhile); not while a snapshot
+runs. A fetch from a position the stream is not at (a page read ahead of a tick that stopped was
+dropped) opens a stream there: nothing is skipped.
 """
 
 from __future__ import annotations
