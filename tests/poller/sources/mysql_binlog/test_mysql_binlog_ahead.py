@@ -42,7 +42,7 @@ class _ThreadsSeen(MysqlBinlogSource):
         return super().fetch(after, limit)
 
 
-def _started(tables: BinlogTables, **changes: Any) -> tuple[Any, MysqlBinlogSource, MemoryStateStore]:
+def _started(tables: BinlogTables, **changes: Any) -> tuple[Any, _ThreadsSeen, MemoryStateStore]:
     """A config, its source and a store holding the first tick's checkpoint (the binlog's end)."""
     config = dataclasses.replace(tables.config, **changes)
     source, store = _ThreadsSeen(config), MemoryStateStore("p")
