@@ -160,9 +160,11 @@ def test_a_stream_ahead_of_the_checkpoint_reads_again_from_it_within_the_tick(ta
     assert source._reader is None
 
 
-def test_a_lingering_tick_reads_its_drains_from_one_stream(tables: BinlogTables) -> None:
+def test_a_lingering_tick_reads_in_turn_and_its_drains_share_one_stream(tables: BinlogTables) -> None:
     # Given a tick that lingers, and rows committed after its drain read its last page
     config, source, store = _started(tables, linger_seconds=1.5, poll_interval_ms=20)
+    assert source.prefetch_pages is False  # measured slower under linger (see prefetch_pages)
+    source.threads.clear()
     expected = _backlog(tables)
     opened, sink = source.streams_opened, RecordingSink()
     late = list(range(1001, 1101))
@@ -176,10 +178,11 @@ def test_a_lingering_tick_reads_its_drains_from_one_stream(tables: BinlogTables)
     sink.before_accept = commit_late
     # When the tick drains the backlog, then lingers
     run_tick(config, source, store, sink, owner_id="a")
-    # Then both arrived in order, the late ones in a later drain, and the reader thread's end did
-    # not close the tick's stream: one stream for the tick
+    # Then both arrived in order, the late ones in a later drain, read on the tick's thread from
+    # one stream for the tick
     assert committed.is_set() and _ids(sink) == expected + late
     assert source.streams_opened == opened + 1
+    assert set(source.threads) == {threading.current_thread().name}
 
 
 def test_no_page_is_read_ahead_while_a_snapshot_runs(tables: BinlogTables) -> None:
