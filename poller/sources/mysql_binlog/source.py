@@ -32,11 +32,11 @@ end; an idle fetch is one ``SHOW MASTER STATUS`` on a pooled connection (no repl
 connection). A stream costs two connections (the replication one and the library's control one)
 and stays open until the tick ends: a lingering tick's next fetches read on from it.
 
-Read-ahead (``max_uncommitted_batches`` > 1, no linger, :mod:`poller.tick.prefetch`): after a tick's first
-page the stream is read and its rows decoded on the tick's reader thread while the tick sends the
-previous page (the driver waits on its sockets without the GIL meanwhile); not while a snapshot
-runs. A fetch from a position the stream is not at (a page read ahead of a tick that stopped was
-dropped) opens a stream there: nothing is skipped.
+Read-ahead (:mod:`poller.tick.prefetch`) is supported but off (see ``prefetch_pages``: measured
+no faster): with it, after a tick's first page the stream would be read and its rows decoded on
+the tick's reader thread while the tick sends the previous page; not while a snapshot runs. A
+fetch from a position the stream is not at (a page read ahead of a tick that stopped was dropped)
+opens a stream there: nothing is skipped.
 """
 
 from __future__ import annotations
@@ -157,14 +157,15 @@ class MysqlBinlogSource:
 
     @property
     def prefetch_pages(self) -> bool:
-        """The tick may read and decode the next pages while it sends these (poller.tick.prefetch):
-        a read moves nothing (the checkpoint is the only position); a page read ahead of a tick that
-        stops is dropped, and the next fetch, from the checkpoint, opens a stream there again.
-
-        Not for a lingering poller: under ``dbfanout run`` at 2,500 changes/s (10-row commits,
-        linger 1 s) read-ahead delivered 695 and 1,333/s against 1,732 and 1,993/s reading in turn,
-        at up to twice the host CPU a change (issue 41, 2026-11-29; cause not found)."""
-        return self._config.linger_seconds <= 0
+        """Whether the tick reads and decodes the next pages while it sends these
+        (poller.tick.prefetch). The source supports it (a read moves nothing; a page read ahead of a
+        tick that stops is dropped and read again from the checkpoint; the stream closes with the
+        tick's pin), but it is off: under ``dbfanout run`` (10-row commits, interleaved with reading
+        in turn, 2026-11-29, a loaded 2-core box) it raised no throughput without linger (5,000
+        offered: 984 and 1,538/s delivered against 1,534 and 1,952/s) and lowered it with linger
+        1 s (2,500 offered: 695 and 1,333/s against 1,732 and 1,993/s) at up to twice the host
+        CPU a change; cause not found (issue 41)."""
+        return False
 
     def reads_on(self, page: Page) -> bool:
         """Whether the page after ``page`` may be read ahead: not while a snapshot runs (its chunk
