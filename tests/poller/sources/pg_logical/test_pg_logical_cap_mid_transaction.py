@@ -1,0 +1,54 @@
+"""kind = "pg_logical": a peek whose cap falls inside an ordinary transaction does not end the tick.
+
+A peek decodes ``PgLogicalSource.MAX_DECODED`` changes at most. On main, a peek that reached its
+cap in the middle of a 100-change transaction spooled that transaction, the page ended short at
+the spool's end, and the tick read that short page as "caught up": a 200k-change backlog stopped
+after 62,000 rows, though the slot held more (the next tick a whole timer period later). The cap
+is lowered here so that a few thousand changes cross it several times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from poller.sources.pg_logical.source import PgLogicalSource
+from poller.state.memory import MemoryStateStore
+from poller.tick.lifecycle import run_tick
+from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config
+from tests.poller.tick_support import RecordingSink
+
+pytestmark = pytest.mark.integration
+
+TXNS, SIZE, CAP = 30, 100, 250  # the cap falls inside every third transaction or so
+
+
+@pytest.fixture
+def logical(pg_logical_url: str) -> Iterator[LogicalTable]:
+    with logical_table(pg_logical_url) as table:
+        yield table
+
+
+@pytest.mark.parametrize("uncommitted", [1, 4], ids=["sequential", "read-ahead"])
+def test_one_tick_with_budget_enough_delivers_a_backlog_whose_peeks_stop_mid_transaction(
+    logical: LogicalTable, uncommitted: int
+) -> None:
+    # Given 30 transactions of 100 changes, and a peek cap of 250 (never a transaction boundary)
+    for t in range(TXNS):
+        logical.insert(range(t * SIZE + 1, (t + 1) * SIZE + 1))
+    config = poller_config(
+        logical.url, logical.name, batch_size=60, max_batches_per_tick=200, max_uncommitted_batches=uncommitted,
+        tick_budget_seconds=120,
+    )  # fmt: skip
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    source = PgLogicalSource(config)
+    source.MAX_DECODED = CAP
+    try:
+        # When one tick runs, with budget enough for the whole backlog
+        result = run_tick(config, source, store, sink, owner_id="a")
+    finally:
+        source.close()
+    # Then it delivers all of it, in commit order (main: "caught_up" at the first spool's end)
+    assert [e.pk["id"] for e in events_of(sink.accepted)] == list(range(1, TXNS * SIZE + 1))
+    assert result.rows == TXNS * SIZE and result.stop_reason == "caught_up"
