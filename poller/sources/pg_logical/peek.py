@@ -40,6 +40,9 @@ _MIN_PEEK = 1024  # messages per peek at least
 _MESSAGES_PER_CHANGE = 3  # a change is one message; a one-change transaction adds Begin and Commit
 _PAGES_PER_PEEK = 4  # a peek decodes about this many pages (a tick's next pages come from its buffer)
 _STREAM_ROWS = 1000  # messages fetched per round trip while streaming a peek
+#: A peek whose cap falls inside a transaction decodes up to ``keep // _SLACK`` more changes to reach
+#: its Commit (memory: a peek holds 1.25 times its cap at most).
+_SLACK = 4
 #: A peek holds this many bytes of raw messages at most; past them it writes them to a spool as
 #: it goes (kept only when it stops inside a transaction larger than the cap: see SlotReader._peek).
 _SPOOL_AFTER_BYTES = 8 << 20
@@ -54,6 +57,7 @@ class Buffer:
     exhausted: bool  # the peek reached the end of the log
     flushed: Lsn  # the log's flush position before that peek
     messages: int  # how many the peek read (a re-peek reads past them again)
+    spool_end: bool = False  # the spool's end, before the slot may pass it: the log goes on after it
 
 
 class _Tape:
@@ -122,9 +126,13 @@ class SlotReader:
         not moved since its peek (a peek decodes only flushed WAL): then no peek is needed, which
         keeps a tick that pages a snapshot chunk out of memory from reading the slot for nothing.
         ``buffer``: the tick's last one (None: none kept); ``keep``: changes a peek decodes at most;
-        ``before_peek``: run before the log is peeked (the source moves the slot to what landed).
+        ``before_peek``: run before the log is peeked (the source moves the slot to what landed),
+        and at a spool's end (the source moves the slot past it, and drops it, once that landed).
         """
         if buffer is None or len(buffer.changes) - after_index(buffer, after) < limit:
+            spool = self._spool
+            if spool is not None and spool.delivered_by(after):
+                before_peek(conn)  # a landed checkpoint that covers the spool moves the slot past it (and drops it)
             spooled = self._spooled(conn, after, limit, keep)
             if spooled is not None:
                 return spooled, after_index(spooled, after)
@@ -164,13 +172,24 @@ class SlotReader:
         feed, wanted, write = decoder.feed, self._wanted, tape.write
         try:
             with closing(stream(conn, _PEEK_SQL, {"slot": self._slot, "n": n, "pub": self._publication})) as rows:
+                cap = keep
                 for data in rows:
                     read += 1
                     write(data)
                     done = feed(data)  # a transaction's changes, at its Commit
                     if done:
                         changes.extend([c for c in done if wanted(c)])
-                    if len(changes) + decoder.pending >= keep:
+                        if cap > keep:  # the transaction the cap fell in ended: stop at its Commit
+                            stopped = True
+                            break
+                    if len(changes) + decoder.pending >= cap:
+                        if cap == keep and changes and decoder.in_transaction:
+                            # The cap fell inside a transaction after others: read on to its Commit
+                            # when it comes soon (an ordinary one), so the buffer ends at a boundary
+                            # and the next pages peek on; only a larger one is spooled. A spool's
+                            # end would end the page where the slot cannot move yet (see _spooled).
+                            cap = keep + max(keep // _SLACK, 1)
+                            continue
                         stopped = True
                         changes.extend([c for c in decoder.partial() if wanted(c)])
                         break
@@ -216,7 +235,7 @@ class SlotReader:
         if spool is None:
             return None
         if spool.delivered_by(after) and spool.end_lsn is not None:
-            return Buffer([], [], True, spool.end_lsn, 0)  # "read to its end": see _hint
+            return Buffer([], [], True, spool.end_lsn, 0, spool_end=True)  # "read to its end": see _hint
         if spool.covers(after):
             keep, changes, end = max(limit, keep), [], False
             with closing(spool.changes(after, loader(conn))) as found:

@@ -52,3 +52,28 @@ def test_one_tick_with_budget_enough_delivers_a_backlog_whose_peeks_stop_mid_tra
     # Then it delivers all of it, in commit order (main: "caught_up" at the first spool's end)
     assert [e.pk["id"] for e in events_of(sink.accepted)] == list(range(1, TXNS * SIZE + 1))
     assert result.rows == TXNS * SIZE and result.stop_reason == "caught_up"
+
+
+def test_a_tick_goes_on_past_a_spooled_transaction_once_its_checkpoint_landed(logical: LogicalTable) -> None:
+    # Given a transaction far larger than the cap (it is spooled), then small ones, and each
+    # page's checkpoint landed before the next fetch (max_uncommitted_batches = 1)
+    logical.sql("INSERT INTO {t} (id, v, n) SELECT g, 'big', 0 FROM generate_series(1, 2000) g")
+    for i in range(2001, 2011):
+        logical.insert([i])
+    config = poller_config(
+        logical.url, logical.name, batch_size=300, max_batches_per_tick=100, max_uncommitted_batches=1,
+        tick_budget_seconds=120,
+    )  # fmt: skip
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    source = PgLogicalSource(config)
+    source.MAX_DECODED = CAP
+    try:
+        # When one tick runs
+        result = run_tick(config, source, store, sink, owner_id="a")
+        spool_after = source.spool_bytes
+    finally:
+        source.close()
+    # Then it goes on past the spool's end (the slot moved past it mid-tick): everything, in order
+    assert [e.pk["id"] for e in events_of(sink.accepted)] == list(range(1, 2011))
+    assert result.rows == 2010 and result.stop_reason == "caught_up"
+    assert spool_after == 0
