@@ -10,14 +10,16 @@ is lowered here so that a few thousand changes cross it several times.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from poller.sources.pg_logical.peek import Buffer, SlotReader
 from poller.sources.pg_logical.source import PgLogicalSource
 from poller.state.memory import MemoryStateStore
 from poller.tick.lifecycle import run_tick
 from tests.poller.pg_logical_support import LogicalTable, events_of, logical_table, poller_config
-from tests.poller.tick_support import RecordingSink
+from tests.poller.tick_support import RecordingSink, drain
 
 pytestmark = pytest.mark.integration
 
@@ -77,3 +79,40 @@ def test_a_tick_goes_on_past_a_spooled_transaction_once_its_checkpoint_landed(lo
     assert [e.pk["id"] for e in events_of(sink.accepted)] == list(range(1, 2011))
     assert result.rows == 2010 and result.stop_reason == "caught_up"
     assert spool_after == 0
+
+
+def test_a_peek_holds_a_quarter_of_its_cap_more_at_most_and_spools_a_larger_transaction(
+    logical: LogicalTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given small transactions, then one of 2,000 changes (8x the cap), then a small one
+    for t in range(3):
+        logical.insert(range(t * SIZE + 1, (t + 1) * SIZE + 1))
+    logical.sql("INSERT INTO {t} (id, v, n) SELECT g, 'big', 0 FROM generate_series(1001, 3000) g")
+    logical.insert([3001])
+    kept: list[int] = []
+    spooled: list[bool] = []
+    peek = SlotReader._peek
+
+    def recorded(self: SlotReader, *args: Any) -> Buffer:
+        buffer = peek(self, *args)
+        kept.append(len(buffer.changes))
+        spooled.append(self.spool is not None)
+        return buffer
+
+    monkeypatch.setattr(SlotReader, "_peek", recorded)
+    config = poller_config(logical.url, logical.name, batch_size=60, max_batches_per_tick=200)
+    store, sink = MemoryStateStore("p"), RecordingSink()
+    source = PgLogicalSource(config)
+    source.MAX_DECODED = CAP
+    try:
+        # When the poller drains (with read-ahead a tick still ends at a spool's end whose checkpoint had not landed)
+        for _ in range(20):
+            drain(config, source, store, sink, max_ticks=20)
+            if len(events_of(sink.accepted)) >= 2301:
+                break
+    finally:
+        source.close()
+    # Then everything arrives in order, no peek kept more than 1.25x its cap, and the big one was spooled
+    assert [e.pk["id"] for e in events_of(sink.accepted)] == [*range(1, 301), *range(1001, 3002)]
+    assert kept and max(kept) <= CAP + CAP // 4
+    assert any(spooled)
