@@ -6,8 +6,9 @@ what the source makes of them (rows, snapshots, checkpoints, the slot's advance)
 
 A peek (``pg_logical_slot_peek_binary_changes``) reads without consuming, from the slot's
 confirmed position; the changes at or before the fetch position are skipped as they decode. A
-transaction larger than a peek's cap is read from the slot once into a local spool
-(:mod:`poller.sources.pg_logical.spool`); the next pages come from it until the slot is past it.
+transaction larger than a peek's cap (a quarter more when others precede it) is read from the
+slot once into a local spool (:mod:`poller.sources.pg_logical.spool`); the next pages come from it
+until the slot is past it.
 """
 
 from __future__ import annotations
@@ -158,7 +159,9 @@ class SlotReader:
 
         Streamed, and no more than about ``keep`` changes are decoded: the server returns a
         transaction whole however large it is, and a bulk load of a million rows must not be held
-        in memory. When the peek stops inside a transaction (larger than ``keep``), it reads on to
+        in memory. When the cap falls inside a transaction after others, the peek reads on to its
+        Commit if it comes within ``keep // _SLACK`` more changes (an ordinary transaction: the
+        buffer ends at its boundary). When it stops inside a larger transaction, it reads on to
         that transaction's Commit into a spool (:mod:`poller.sources.pg_logical.spool`) instead of cancelling:
         the next pages are decoded from there, and the server decodes the transaction once, not
         once per peek (issue 33). The raw messages are held until then (at most
@@ -229,7 +232,9 @@ class SlotReader:
 
         Once its last change was read (``after`` is it), nothing until the slot is past it (a
         landed checkpoint there, acknowledged): a peek would decode the whole transaction again.
-        The page ends there; the slot moves at the tick's end and the next tick peeks past it.
+        The page ends there, marked ``more`` (``spool_end``): once that page's checkpoint landed,
+        the next fetch moves the slot past the spool and peeks on (``before_peek``, in
+        :meth:`read`); a read ahead of the landing finds nothing, and the tick ends there.
         """
         spool = self._spool
         if spool is None:
