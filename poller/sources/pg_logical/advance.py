@@ -126,12 +126,13 @@ class SlotAdvancer:
     def clear(self) -> None:
         self._hints.clear()
 
-    def advance_within(self, conn: sa.Connection, key: Key) -> None:
+    def advance_within(self, conn: sa.Connection, key: Key, at_least: int = 0) -> None:
         """Mid-tick, on the reading thread: move the slot as far as a landed checkpoint at ``key``
         allows, before a peek (issue 41: a peek decodes from the slot's position, so within a
         long tick each peek would decode again every change the tick already sent). The hints of
-        later pages stay for the tick's own :meth:`advance`."""
-        target = self._hints.get(key, Lsn(key[0]))
+        later pages stay for the tick's own :meth:`advance`. ``at_least``: a spool's end, when the
+        checkpoint covers all of it that is the poller's."""
+        target = Lsn(max(self._hints.get(key, Lsn(key[0])), at_least))
         conn.execute(_ADVANCE, {"slot": self._slot, "lsn": str(target)})
         conn.commit()
 

@@ -6,8 +6,9 @@ what the source makes of them (rows, snapshots, checkpoints, the slot's advance)
 
 A peek (``pg_logical_slot_peek_binary_changes``) reads without consuming, from the slot's
 confirmed position; the changes at or before the fetch position are skipped as they decode. A
-transaction larger than a peek's cap is read from the slot once into a local spool
-(:mod:`poller.sources.pg_logical.spool`); the next pages come from it until the slot is past it.
+transaction larger than a peek's cap (a quarter more when others precede it) is read from the
+slot once into a local spool (:mod:`poller.sources.pg_logical.spool`); the next pages come from it
+until the slot is past it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ _MIN_PEEK = 1024  # messages per peek at least
 _MESSAGES_PER_CHANGE = 3  # a change is one message; a one-change transaction adds Begin and Commit
 _PAGES_PER_PEEK = 4  # a peek decodes about this many pages (a tick's next pages come from its buffer)
 _STREAM_ROWS = 1000  # messages fetched per round trip while streaming a peek
+#: A peek whose cap falls inside a transaction decodes up to ``keep // _SLACK`` more changes to reach
+#: its Commit (memory: a peek holds 1.25 times its cap at most).
+_SLACK = 4
 #: A peek holds this many bytes of raw messages at most; past them it writes them to a spool as
 #: it goes (kept only when it stops inside a transaction larger than the cap: see SlotReader._peek).
 _SPOOL_AFTER_BYTES = 8 << 20
@@ -54,6 +58,7 @@ class Buffer:
     exhausted: bool  # the peek reached the end of the log
     flushed: Lsn  # the log's flush position before that peek
     messages: int  # how many the peek read (a re-peek reads past them again)
+    spool_end: bool = False  # the spool's end, before the slot may pass it: the log goes on after it
 
 
 class _Tape:
@@ -122,9 +127,13 @@ class SlotReader:
         not moved since its peek (a peek decodes only flushed WAL): then no peek is needed, which
         keeps a tick that pages a snapshot chunk out of memory from reading the slot for nothing.
         ``buffer``: the tick's last one (None: none kept); ``keep``: changes a peek decodes at most;
-        ``before_peek``: run before the log is peeked (the source moves the slot to what landed).
+        ``before_peek``: run before the log is peeked (the source moves the slot to what landed),
+        and at a spool's end (the source moves the slot past it, and drops it, once that landed).
         """
         if buffer is None or len(buffer.changes) - after_index(buffer, after) < limit:
+            spool = self._spool
+            if spool is not None and spool.delivered_by(after):
+                before_peek(conn)  # a landed checkpoint that covers the spool moves the slot past it (and drops it)
             spooled = self._spooled(conn, after, limit, keep)
             if spooled is not None:
                 return spooled, after_index(spooled, after)
@@ -150,7 +159,9 @@ class SlotReader:
 
         Streamed, and no more than about ``keep`` changes are decoded: the server returns a
         transaction whole however large it is, and a bulk load of a million rows must not be held
-        in memory. When the peek stops inside a transaction (larger than ``keep``), it reads on to
+        in memory. When the cap falls inside a transaction after others, the peek reads on to its
+        Commit if it comes within ``keep // _SLACK`` more changes (an ordinary transaction: the
+        buffer ends at its boundary). When it stops inside a larger transaction, it reads on to
         that transaction's Commit into a spool (:mod:`poller.sources.pg_logical.spool`) instead of cancelling:
         the next pages are decoded from there, and the server decodes the transaction once, not
         once per peek (issue 33). The raw messages are held until then (at most
@@ -164,13 +175,24 @@ class SlotReader:
         feed, wanted, write = decoder.feed, self._wanted, tape.write
         try:
             with closing(stream(conn, _PEEK_SQL, {"slot": self._slot, "n": n, "pub": self._publication})) as rows:
+                cap = keep
                 for data in rows:
                     read += 1
                     write(data)
                     done = feed(data)  # a transaction's changes, at its Commit
                     if done:
                         changes.extend([c for c in done if wanted(c)])
-                    if len(changes) + decoder.pending >= keep:
+                        if cap > keep:  # the transaction the cap fell in ended: stop at its Commit
+                            stopped = True
+                            break
+                    if len(changes) + decoder.pending >= cap:
+                        if cap == keep and changes and decoder.in_transaction:
+                            # The cap fell inside a transaction after others: read on to its Commit
+                            # when it comes soon (an ordinary one), so the buffer ends at a boundary
+                            # and the next pages peek on; only a larger one is spooled. A spool's
+                            # end would end the page where the slot cannot move yet (see _spooled).
+                            cap = keep + max(keep // _SLACK, 1)
+                            continue
                         stopped = True
                         changes.extend([c for c in decoder.partial() if wanted(c)])
                         break
@@ -210,13 +232,15 @@ class SlotReader:
 
         Once its last change was read (``after`` is it), nothing until the slot is past it (a
         landed checkpoint there, acknowledged): a peek would decode the whole transaction again.
-        The page ends there; the slot moves at the tick's end and the next tick peeks past it.
+        The page ends there, marked ``more`` (``spool_end``): once that page's checkpoint landed,
+        the next fetch moves the slot past the spool and peeks on (``before_peek``, in
+        :meth:`read`); a read ahead of the landing finds nothing, and the tick ends there.
         """
         spool = self._spool
         if spool is None:
             return None
         if spool.delivered_by(after) and spool.end_lsn is not None:
-            return Buffer([], [], True, spool.end_lsn, 0)  # "read to its end": see _hint
+            return Buffer([], [], True, spool.end_lsn, 0, spool_end=True)  # "read to its end": see _hint
         if spool.covers(after):
             keep, changes, end = max(limit, keep), [], False
             with closing(spool.changes(after, loader(conn))) as found:

@@ -256,7 +256,12 @@ class PgLogicalSource:
         self._relations.attach(fetched.page, fetched.after, state, at_end)  # a TRUNCATE is never passed silently
         if read is not None and getattr(self._local, "pinning", False):
             self._advancer.hint(read[0], fetched, read[1])
-        return fetched.page
+        page = fetched.page
+        if read is not None and read[0].spool_end and len(page):
+            # Short at a spool's end, not at the log's: once its checkpoint landed, the next fetch
+            # moves the slot past the spool and peeks on (_landed_first); the tick goes on.
+            page.more = True
+        return page
 
     # ------------------------------------------------------------------------------ the coordinator's log reader
 
@@ -285,9 +290,19 @@ class PgLogicalSource:
 
     def _landed_first(self, conn: sa.Connection) -> None:
         """Before a peek within a tick: the slot moves to the last landed checkpoint, so the peek does
-        not decode again what the tick sent already (not with a spool: the tick's end decides then)."""
+        not decode again what the tick sent already. With a spool, only once a landed checkpoint covers
+        all of it: the slot goes past it and it is dropped, so the tick peeks on after its end
+        rather than stopping there as if caught up."""
         key = self._landed_key
-        if key is None or not getattr(self._local, "pinning", False) or self._slot_reader.spool is not None:
+        if key is None or not getattr(self._local, "pinning", False):
+            return
+        spool = self._slot_reader.spool
+        if spool is not None:
+            if spool.end_lsn is None or not spool.passed_by(key):
+                return  # a peek would decode it again: its pages come from the spool meanwhile
+            self._advancer.advance_within(conn, key, spool.end_lsn)
+            self._slot_reader.drop_spool()
+            self._advanced_key = key
             return
         if self._advanced_key is not None and key <= self._advanced_key:
             return
