@@ -59,6 +59,14 @@ class Buffer:
     flushed: Lsn  # the log's flush position before that peek
     messages: int  # how many the peek read (a re-peek reads past them again)
     spool_end: bool = False  # the spool's end, before the slot may pass it: the log goes on after it
+    #: The fetch position it was decoded after: it holds no change at or before it (None: from the
+    #: slot's position on). A fetch from an earlier position (a drain that goes on from a landed
+    #: checkpoint behind pages the reader thread read ahead and the tick dropped) must peek again.
+    since: tuple[int, int] | None = None
+
+    def covers(self, after: tuple[int, int] | None) -> bool:
+        """Whether every change after ``after`` that the log held at its peek is in it."""
+        return self.since is None or (after is not None and after >= self.since)
 
 
 class _Tape:
@@ -130,6 +138,8 @@ class SlotReader:
         ``before_peek``: run before the log is peeked (the source moves the slot to what landed),
         and at a spool's end (the source moves the slot past it, and drops it, once that landed).
         """
+        if buffer is not None and not buffer.covers(after):
+            buffer = None  # decoded after a later position: the changes between are not in it
         if buffer is None or len(buffer.changes) - after_index(buffer, after) < limit:
             spool = self._spool
             if spool is not None and spool.delivered_by(after):
@@ -201,7 +211,7 @@ class SlotReader:
         finally:
             tape.close()  # what was not kept
         keys: list[tuple[int, int]] = [(c.commit_lsn, c.seq) for c in changes]  # each change's key
-        return Buffer(changes, keys, not stopped and read < n, flushed, read)
+        return Buffer(changes, keys, not stopped and read < n, flushed, read, since=after)
 
     def _spool_rest(self, spool: Spool, rows: Iterator[bytes], changes: list[Change]) -> None:
         """Read the rest of the transaction the peek stopped in into ``spool``; keep it when its
@@ -240,7 +250,7 @@ class SlotReader:
         if spool is None:
             return None
         if spool.delivered_by(after) and spool.end_lsn is not None:
-            return Buffer([], [], True, spool.end_lsn, 0, spool_end=True)  # "read to its end": see _hint
+            return Buffer([], [], True, spool.end_lsn, 0, spool_end=True, since=after)  # "read to its end": see _hint
         if spool.covers(after):
             keep, changes, end = max(limit, keep), [], False
             with closing(spool.changes(after, loader(conn))) as found:
@@ -252,7 +262,7 @@ class SlotReader:
                             break
             if end:  # a checkpoint here covers all of it that is ours (its tail may not be)
                 spool.ours_until = changes[-1].key if changes else after
-            return Buffer(changes, [c.key for c in changes], False, Lsn(0), 0)
+            return Buffer(changes, [c.key for c in changes], False, Lsn(0), 0, since=after)
         self.drop_spool()  # passed (another process delivered it): read the slot again
         return None
 
