@@ -67,7 +67,7 @@ _TYPE = struct.Struct(">Ii")  # type OID, typmod
 
 # Message and column tags, as the byte values a message's bytes index to.
 _B, _C, _R, _I, _U, _D, _T = b"BCRIUDT"
-_ROWS = frozenset(b"IUD")
+_CHANGES = frozenset(b"IUDT")  # a row's change, or a TRUNCATE: each takes the next seq
 _IGNORED = frozenset(b"YOM")  # type, origin, message: nothing a change event needs
 _KEY, _OLD, _NEW = b"KON"
 _OLD_TUPLE = frozenset(b"KO")
@@ -187,14 +187,14 @@ class Decoder:
     def feed(self, data: bytes) -> Sequence[Change]:
         """Decode one message. Changes are returned at the transaction's Commit (with its end LSN)."""
         tag = data[0]
-        if tag in _ROWS:
+        if tag in _CHANGES:
             txn = self._txn
             if txn is None:
                 raise SourceError("pgoutput: a change arrived outside a transaction (Begin missing)")
             if self._seq <= self._skip_seq:
                 self._seq += 1
             else:
-                self._pending.append(self._row(tag, data, txn))
+                self._pending.append(self._truncate(data, txn) if tag == _T else self._row(tag, data, txn))
             return _NONE
         if tag == _B:
             final_lsn, commit_time, xid = _BEGIN.unpack_from(data)
@@ -210,15 +210,6 @@ class Decoder:
             return self._commit(data)
         if tag == _R:
             self._relation(data)
-            return _NONE
-        if tag == _T:
-            txn = self._txn
-            if txn is None:
-                raise SourceError("pgoutput: a change arrived outside a transaction (Begin missing)")
-            if self._seq <= self._skip_seq:
-                self._seq += 1
-            else:
-                self._pending.append(self._truncate(data, txn))
             return _NONE
         if tag in _IGNORED:
             return _NONE
