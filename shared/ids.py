@@ -49,7 +49,11 @@ def _canonical_bytes(pk: Mapping[str, Any], cursor: CursorValue) -> bytes:
         return orjson.dumps([pk, cursor], default=_default, option=opts)
     except TypeError:
         # orjson refuses integers beyond 64 bits: fall back to the fully tagged form.
-        return dumps([sorted((k, _default(v)) for k, v in pk.items()), _default(cursor)])
+        doc = [sorted((k, _default(v)) for k, v in pk.items()), _default(cursor)]
+        try:  # a tuple cursor's parts may need tagging too (a Decimal beside a big key)
+            return orjson.dumps(doc, default=_default, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:
+            return dumps(doc)  # raises the codec's SerializationError
 
 
 _CANONICAL_OPTION = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
